@@ -1,0 +1,1 @@
+"""Shared building blocks: settings, errors, the plugin registry, event contracts and the Kafka publisher."""
