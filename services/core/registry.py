@@ -78,4 +78,4 @@ class Registry(Generic[T]):
             if not ok:
                 raise PluginError(f"{self.kind} {name!r}: {path} is not a {self._base.__name__}")
         self._loaded[name] = obj
-        return obj  # type: ignore[no-any-return]
+        return obj

@@ -21,7 +21,7 @@ class Settings(BaseSettings):
 
     state_dir: Path = Field(
         default=Path(".run"),
-        description="Where the local infrastructure keeps data, logs and PID files (relative to the working directory).",
+        description="Where the local infrastructure keeps data, logs and PID files (relative to the cwd).",
     )
     cache_dir: Path = Field(
         default=Path.home() / ".cache" / "clustermedic",

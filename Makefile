@@ -1,0 +1,64 @@
+# ClusterMedic. Newcomers need two targets: `make demo` and `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+UV_VERSION := 0.13.9
+BIN := $(VENV)/bin
+MEDIC := $(BIN)/medic
+export PYTHON := $(abspath $(BIN)/python)
+# pgserver and platformdirs want a runtime dir; give them one instead of a warning per process
+export XDG_RUNTIME_DIR ?= /tmp/runtime-$(shell id -u)
+
+.PHONY: help install up down status migrate demo test test-unit test-integration lint lock bench clean
+
+help:
+	@echo "make demo   start the local infrastructure and run the smoke flow through Kafka"
+	@echo "make test   install, start the infrastructure, run lint and every test, stop what it started"
+	@echo "other: install up down status migrate lint lock bench clean"
+
+# One resolver run, frozen in requirements.lock (regenerate with `make lock`).
+$(VENV)/.installed: pyproject.toml requirements.lock
+	@mkdir -p $(XDG_RUNTIME_DIR)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
+	$(BIN)/uv pip sync -q --python $(BIN)/python requirements.lock
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
+	@touch $@
+
+install: $(VENV)/.installed
+
+lock:
+	$(BIN)/uv pip compile -q pyproject.toml --extra dev --python-version 3.11 -o requirements.lock
+
+up: install
+	$(MEDIC) up
+
+down:
+	@for c in redis postgres kafka; do bash infra/local/$$c.sh stop || true; done
+
+status:
+	@for c in kafka postgres redis; do bash infra/local/$$c.sh status || true; done
+
+migrate: install
+	$(MEDIC) db migrate
+
+demo: up
+	$(MEDIC) demo
+
+lint: install
+	$(BIN)/ruff check services pipelines tests bench
+	$(BIN)/mypy
+
+test: install lint
+	bash infra/local/with-infra.sh $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test-unit: install
+	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
+
+bench: install
+	bash infra/local/with-infra.sh $(BIN)/python bench/infra.py
+
+clean: down
+	rm -rf .run

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Redis for Celery (broker and results): Debian's redis-server on 127.0.0.1.
+#
+#   infra/local/redis.sh start|stop|status
+#
+# Skipped when CLUSTERMEDIC_REDIS_URL points at a Redis of your own. Installs the Debian package
+# when redis-server is missing and we are root.
+COMPONENT=redis
+source "$(dirname "$0")/common.sh"
+
+PORT=${CLUSTERMEDIC_REDIS_PORT:-16379}
+DIR=$STATE_DIR/redis
+PIDFILE=$DIR/redis.pid
+
+ensure_installed() {
+  command -v redis-server >/dev/null && return 0
+  [ "$(id -u)" = 0 ] || die "redis-server is missing; install Debian's redis-server or set CLUSTERMEDIC_REDIS_URL"
+  log "installing Debian's redis-server"
+  # the package's own service is not wanted: we run our own instance on a private port
+  { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server; } \
+    >"$STATE_DIR/apt-redis.log" 2>&1 || die "apt-get install redis-server failed; see $STATE_DIR/apt-redis.log"
+}
+
+start() {
+  if [ -n "${CLUSTERMEDIC_REDIS_URL:-}" ]; then log "using $CLUSTERMEDIC_REDIS_URL (not started here)"; return 0; fi
+  if pid_alive "$PIDFILE"; then log "already running (pid $(cat "$PIDFILE")) on 127.0.0.1:$PORT"; return 0; fi
+  ensure_installed
+  mkdir -p "$DIR"
+  redis-server --bind 127.0.0.1 --port "$PORT" --dir "$DIR" --daemonize yes \
+      --pidfile "$PIDFILE" --logfile "$DIR/redis.log" --save "" --appendonly no >&2
+  for _ in $(seq 1 100); do
+    if redis-cli -p "$PORT" ping 2>/dev/null | grep -q PONG; then
+      log "ready (pid $(cat "$PIDFILE")) on 127.0.0.1:$PORT"; return 0
+    fi
+    sleep 0.1
+  done
+  die "redis-server did not answer PING within 10 s; see $DIR/redis.log"
+}
+
+status() {
+  if [ -n "${CLUSTERMEDIC_REDIS_URL:-}" ]; then echo "redis: external $CLUSTERMEDIC_REDIS_URL"; return 0; fi
+  if pid_alive "$PIDFILE"; then echo "redis: running (pid $(cat "$PIDFILE")) on 127.0.0.1:$PORT"
+  else echo "redis: stopped"; return 1; fi
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) [ -n "${CLUSTERMEDIC_REDIS_URL:-}" ] && exit 0; stop_pidfile "$PIDFILE" ;;
+  status) status ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,657 @@
+"""Log-template mining (drain3) and the streaming log-template detector.
+
+Every log line is masked (:mod:`pipelines.detectors.masking`) and fed to drain3's
+:class:`~drain3.template_miner.TemplateMiner`, which files it under a template such as
+``Received block <BLK> of size <NUM> from <IP>``. :class:`LogTemplateDetector` then watches the
+templates and reports:
+
+==================== ========================================================================
+signal               when
+==================== ========================================================================
+log_new_template     a template is created after the warm-up (a line never seen before)
+log_rare_template    a line matches a template seen only a handful of times so far
+log_template_burst   a template's count in the current window is far above its EWMA baseline
+cuda_oom             ``CUDA out of memory`` / ``torch.OutOfMemoryError``
+gpu_xid              an ``NVRM: Xid`` kernel line (evidence: xid code, PCI address)
+nccl_timeout         ``Watchdog caught collective operation timeout``
+engine_dead          ``AsyncEngineDeadError`` / ``EngineDeadError`` / ``Engine loop is not running``
+==================== ========================================================================
+
+The miner's settings (similarity threshold, tree depth, masks) come from :data:`MINER_SETTINGS`,
+the one table shared by the detector and ``bench/logparse.py``, which measures them on LogHub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, ClassVar, Literal
+
+from drain3 import TemplateMiner
+from drain3.drain import LogCluster, Node
+from drain3.template_miner_config import TemplateMinerConfig
+
+from pipelines.detectors.masking import DEFAULT_MASKS, MASK_PATTERNS, generic_template, masking_instructions
+from services.core.events import SEVERITY_RANK, Anomaly, LogRecord, Severity
+
+EntityKind = Literal["gpu", "node", "pod", "model", "service", "other"]
+
+DETECTOR_NAME = "log_templates"
+
+
+@dataclass(frozen=True)
+class MinerSettings:
+    """How one drain3 miner masks and groups lines.
+
+    Attributes:
+        sim_th: Drain similarity threshold: the share of a template's constant tokens a line must
+            repeat to join it; lower merges more.
+        depth: Drain prefix-tree depth (root and length levels included), so ``depth - 2`` leading
+            tokens route a line before similarity decides.
+        max_children: widest a tree node may grow before further tokens share a wildcard child.
+        max_clusters: templates kept (least recently used evicted); ``None`` keeps them all.
+        masks: names from :data:`~pipelines.detectors.masking.MASK_PATTERNS`, in order.
+        extra_masks: ``(name, regex)`` masks applied before ``masks``.
+        extra_delimiters: characters split on besides whitespace.
+    """
+
+    sim_th: float = 0.4
+    depth: int = 4
+    max_children: int = 100
+    max_clusters: int | None = None
+    masks: tuple[str, ...] = DEFAULT_MASKS
+    extra_masks: tuple[tuple[str, str], ...] = ()
+    extra_delimiters: tuple[str, ...] = ()
+
+
+# One row that reaches the published Drain grouping accuracy on all eight LogHub systems at once
+# (bench/logparse.py --uniform); the detector uses it on logs it has never been tuned for.
+_DEFAULT = MinerSettings(sim_th=0.5, depth=5, max_clusters=5000)
+
+MINER_SETTINGS: dict[str, MinerSettings] = {
+    # "default" is what the detector uses on cluster logs (vLLM, kernel, NCCL, Kubernetes).
+    "default": _DEFAULT,
+    # LogHub systems, measured by bench/logparse.py (docs/logparse.md has the figures).
+    "HDFS": replace(_DEFAULT, max_clusters=None),
+    "Hadoop": replace(_DEFAULT, max_clusters=None, sim_th=0.3),
+    "Spark": replace(_DEFAULT, max_clusters=None),
+    "Zookeeper": replace(_DEFAULT, max_clusters=None, depth=4, sim_th=0.7),
+    "BGL": replace(_DEFAULT, max_clusters=None),
+    "Apache": replace(_DEFAULT, max_clusters=None),
+    "OpenSSH": replace(_DEFAULT, max_clusters=None, sim_th=0.7),
+    "OpenStack": replace(_DEFAULT, max_clusters=None, sim_th=0.9),
+}
+"""The one table of miner settings: ``"default"`` for the detector, one row per LogHub system."""
+
+
+def miner_config(settings: MinerSettings) -> TemplateMinerConfig:
+    """Build a drain3 configuration in code (no ``drain3.ini`` is read).
+
+    Args:
+        settings: the miner settings.
+
+    Returns:
+        The configuration: masks, Drain parameters, profiling off, ``<NAME>`` placeholders.
+    """
+    config = TemplateMinerConfig()
+    config.drain_sim_th = settings.sim_th
+    config.drain_depth = settings.depth
+    config.drain_max_children = settings.max_children
+    config.drain_max_clusters = settings.max_clusters
+    config.drain_extra_delimiters = list(settings.extra_delimiters)
+    config.masking_instructions = masking_instructions(settings.masks, settings.extra_masks)
+    config.mask_prefix = "<"
+    config.mask_suffix = ">"
+    config.parametrize_numeric_tokens = True
+    config.profiling_enabled = False
+    return config
+
+
+def build_miner(settings: MinerSettings) -> TemplateMiner:
+    """Return a drain3 miner with ``settings`` and no persistence handler.
+
+    Args:
+        settings: the miner settings.
+    """
+    return TemplateMiner(persistence_handler=None, config=miner_config(settings))
+
+
+def settings_for(system: str) -> MinerSettings:
+    """Return the :data:`MINER_SETTINGS` row for ``system``, or the default row.
+
+    Args:
+        system: a LogHub system name, or anything else for the default.
+    """
+    return MINER_SETTINGS.get(system, MINER_SETTINGS["default"])
+
+
+# ------------------------------------------------------------------------------ offline mining
+
+
+def mine_templates(contents: Sequence[str], settings: MinerSettings) -> list[str]:
+    """Mine ``contents`` in order and return each line's final template, placeholders generic.
+
+    Like logparser's Drain, a line gets the template its cluster has once every line is in, so
+    lines of one cluster share one template string. Named placeholders become ``<*>``.
+
+    Args:
+        contents: message bodies (headers already stripped), in log order.
+        settings: the miner settings.
+
+    Returns:
+        One template per input line.
+    """
+    miner = build_miner(settings)
+    cluster_ids = [int(miner.add_log_message(content)["cluster_id"]) for content in contents]
+    names = frozenset(MASK_PATTERNS) | frozenset(name for name, _ in settings.extra_masks)
+    final = {cluster.cluster_id: generic_template(cluster.get_template(), names) for cluster in miner.drain.clusters}
+    return [final[cid] for cid in cluster_ids]
+
+
+def grouping_accuracy(truth: Sequence[str], predicted: Sequence[str]) -> float:
+    """Share of lines grouped exactly right (logparser's grouping accuracy).
+
+    A line is correct when the lines sharing its predicted template are exactly the lines sharing
+    its true event id.
+
+    Args:
+        truth: the true event id of each line.
+        predicted: the predicted template (or group id) of each line.
+
+    Returns:
+        The fraction of correctly grouped lines; 0.0 for no lines.
+
+    Raises:
+        ValueError: the sequences differ in length.
+    """
+    if len(truth) != len(predicted):
+        raise ValueError(f"{len(truth)} true labels but {len(predicted)} predictions")
+    if not truth:
+        return 0.0
+    true_groups: dict[str, set[int]] = {}
+    predicted_groups: dict[str, set[int]] = {}
+    for i, (t, p) in enumerate(zip(truth, predicted, strict=True)):
+        true_groups.setdefault(t, set()).add(i)
+        predicted_groups.setdefault(p, set()).add(i)
+    correct = sum(1 for t, p in zip(truth, predicted, strict=True) if true_groups[t] == predicted_groups[p])
+    return correct / len(truth)
+
+
+def parsing_accuracy(truth: Sequence[str], predicted: Sequence[str]) -> float:
+    """Share of lines whose predicted template equals the true one, whitespace normalised.
+
+    Args:
+        truth: the true template of each line.
+        predicted: the predicted template of each line.
+
+    Returns:
+        The fraction of exact matches; 0.0 for no lines.
+
+    Raises:
+        ValueError: the sequences differ in length.
+    """
+    if len(truth) != len(predicted):
+        raise ValueError(f"{len(truth)} true templates but {len(predicted)} predictions")
+    if not truth:
+        return 0.0
+    same = sum(1 for t, p in zip(truth, predicted, strict=True) if " ".join(t.split()) == " ".join(p.split()))
+    return same / len(truth)
+
+
+# ------------------------------------------------------------------------- error signatures
+
+_PCI_ID = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+
+_XID = re.compile(
+    rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI_ID})\): (?P<xid>\d+)"
+    r"(?:, pid=(?P<pid>'?[^,']*'?))?(?:, name=(?P<name>[^,]*))?,?\s*(?P<message>.*)$"
+)
+
+# Xid codes whose usual remedy is draining the node and resetting or replacing the GPU. Codes that
+# point at the application (13, 31, 43, 45) are warnings; anything unknown is a warning too.
+_CRITICAL_XIDS: frozenset[int] = frozenset({48, 62, 64, 74, 79, 95, 119, 120, 140})
+_INFO_XIDS: frozenset[int] = frozenset({43, 45})
+
+_SIGNATURES: tuple[tuple[str, Severity, re.Pattern[str]], ...] = (
+    (
+        "engine_dead",
+        "critical",
+        re.compile(r"AsyncEngineDeadError|EngineDeadError|Engine loop is not running"),
+    ),
+    ("nccl_timeout", "critical", re.compile(r"Watchdog caught collective operation timeout")),
+    ("cuda_oom", "critical", re.compile(r"CUDA out of memory|torch\.(?:cuda\.)?OutOfMemoryError")),
+)
+
+_NCCL_DETAIL = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+).*?Timeout\(ms\)=(?P<timeout_ms>\d+)")
+_ERROR_WORDS = re.compile(r"(?i)\b(?:error|fatal|exception|panic|fail(?:ed|ure)?|traceback)\b")
+
+
+@dataclass(frozen=True)
+class SignatureMatch:
+    """A known error signature found in one log line.
+
+    Attributes:
+        signal: the anomaly signal (``gpu_xid``, ``cuda_oom``...).
+        severity: its severity.
+        details: signature-specific evidence (xid code and PCI address for ``gpu_xid``).
+    """
+
+    signal: str
+    severity: Severity
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def xid_severity(xid: int) -> Severity:
+    """Return the severity of an NVIDIA Xid code (critical for node-level GPU faults)."""
+    if xid in _CRITICAL_XIDS:
+        return "critical"
+    if xid in _INFO_XIDS:
+        return "info"
+    return "warning"
+
+
+def match_signature(line: str) -> SignatureMatch | None:
+    """Return the known error signature in ``line``, if any.
+
+    Args:
+        line: a raw log line.
+    """
+    xid = _XID.search(line)
+    if xid is not None:
+        code = int(xid.group("xid"))
+        details: dict[str, Any] = {"xid": code, "pci": xid.group("pci")}
+        if xid.group("pid"):
+            details["pid"] = xid.group("pid").strip("'")
+        details["message"] = xid.group("message").strip()
+        return SignatureMatch("gpu_xid", xid_severity(code), details)
+    for signal, severity, pattern in _SIGNATURES:
+        if pattern.search(line):
+            extra: dict[str, Any] = {}
+            if signal == "nccl_timeout" and (detail := _NCCL_DETAIL.search(line)) is not None:
+                extra = {
+                    "seq": int(detail.group("seq")),
+                    "op": detail.group("op"),
+                    "timeout_ms": int(detail.group("timeout_ms")),
+                }
+            return SignatureMatch(signal, severity, extra)
+    return None
+
+
+# --------------------------------------------------------------------------------- state
+
+
+@dataclass
+class TemplateStats:
+    """What the detector remembers about one template.
+
+    Attributes:
+        template: the template as last mined.
+        example: the first line filed under it.
+        count: lines filed under it.
+        first_ts: time of the first line.
+        last_ts: time of the latest line.
+        window: index of the current window (``floor(ts / window_s)``).
+        window_count: lines in the current window.
+        ewma_count: EWMA of the per-window count over closed windows (empty windows count).
+        windows: closed windows folded into ``ewma_count``.
+        burst_reported: whether the current window already raised a burst.
+    """
+
+    template: str
+    example: str
+    count: int = 0
+    first_ts: float = 0.0
+    last_ts: float = 0.0
+    window: int = 0
+    window_count: int = 0
+    ewma_count: float = 0.0
+    windows: int = 0
+    burst_reported: bool = False
+
+
+class LogTemplateState:
+    """The detector's state: the drain3 miner (clusters and prefix tree) and per-template stats.
+
+    The live miner is kept between batches, so scoring costs no rebuild; :meth:`to_dict` and
+    :meth:`from_dict` turn it into plain JSON values (no pickle) for a state table or a snapshot.
+
+    Args:
+        settings: the miner settings.
+        miner: an existing miner; a fresh one is built when ``None``.
+        templates: per-template stats keyed by drain3 cluster id.
+        lines: lines seen so far.
+    """
+
+    VERSION = 1
+
+    def __init__(
+        self,
+        settings: MinerSettings,
+        miner: TemplateMiner | None = None,
+        templates: dict[int, TemplateStats] | None = None,
+        lines: int = 0,
+    ) -> None:
+        self.settings = settings
+        self.miner = miner if miner is not None else build_miner(settings)
+        self.templates: dict[int, TemplateStats] = templates if templates is not None else {}
+        self.lines = lines
+
+    def template_count(self) -> int:
+        """Return how many templates the miner holds."""
+        return len(self.miner.drain.id_to_cluster)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the state as JSON-compatible values."""
+        drain = self.miner.drain
+        clusters = [
+            {"id": c.cluster_id, "tokens": list(c.log_template_tokens), "size": c.size}
+            for c in drain.id_to_cluster.values()
+        ]
+        settings = asdict(self.settings)
+        settings["extra_masks"] = [list(m) for m in self.settings.extra_masks]
+        return {
+            "version": self.VERSION,
+            "settings": settings,
+            "lines": self.lines,
+            "drain": {
+                "clusters_counter": drain.clusters_counter,
+                "clusters": clusters,
+                "tree": _node_to_dict(drain.root_node),
+            },
+            "templates": {str(cid): asdict(st) for cid, st in self.templates.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LogTemplateState:
+        """Rebuild a state written by :meth:`to_dict`.
+
+        Raises:
+            ValueError: the data is not a state this version can read.
+        """
+        if data.get("version") != cls.VERSION:
+            raise ValueError(f"log-template state version {data.get('version')!r} is not {cls.VERSION}")
+        raw = dict(data["settings"])
+        raw["masks"] = tuple(raw["masks"])
+        raw["extra_masks"] = tuple((str(n), str(p)) for n, p in raw["extra_masks"])
+        raw["extra_delimiters"] = tuple(raw["extra_delimiters"])
+        settings = MinerSettings(**raw)
+        templates = {int(cid): TemplateStats(**st) for cid, st in data["templates"].items()}
+        miner = build_miner(settings)
+        drain = miner.drain
+        clusters = sorted(
+            data["drain"]["clusters"],
+            # Re-insert least recently seen first, so an LRU-bounded miner evicts in the same order.
+            key=lambda c: (templates[c["id"]].last_ts if c["id"] in templates else 0.0, c["id"]),
+        )
+        for c in clusters:
+            cluster = LogCluster(c["tokens"], int(c["id"]))
+            cluster.size = int(c["size"])
+            drain.id_to_cluster[cluster.cluster_id] = cluster
+        drain.clusters_counter = int(data["drain"]["clusters_counter"])
+        drain.root_node = _node_from_dict(data["drain"]["tree"])
+        return cls(settings, miner, templates, int(data["lines"]))
+
+    def to_json(self) -> str:
+        """Serialise to a JSON string."""
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> LogTemplateState:
+        """Rebuild a state from :meth:`to_json` output."""
+        return cls.from_dict(json.loads(raw))
+
+
+def _node_to_dict(node: Node) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if node.cluster_ids:
+        out["ids"] = list(node.cluster_ids)
+    if node.key_to_child_node:
+        out["children"] = {key: _node_to_dict(child) for key, child in node.key_to_child_node.items()}
+    return out
+
+
+def _node_from_dict(data: dict[str, Any]) -> Node:
+    node = Node()
+    node.cluster_ids = [int(i) for i in data.get("ids", [])]
+    node.key_to_child_node = {key: _node_from_dict(child) for key, child in data.get("children", {}).items()}
+    return node
+
+
+# ------------------------------------------------------------------------------ detector
+
+
+@dataclass(frozen=True)
+class LogTemplateDetector:
+    """Streaming anomaly detector over log templates and known GPU/serving error signatures.
+
+    Pure: :meth:`detect` reads only the batch and the state; time comes from each record's ``ts``.
+    The state passed in is updated in place and returned; keep only the returned one.
+
+    Attributes:
+        settings: drain3 miner settings (:data:`MINER_SETTINGS` ``"default"``).
+        warmup_lines: lines to learn from before new and rare templates are reported.
+        rare_max_count: a template seen at most this many times (this line included) is rare...
+        rare_max_share: ...when it is also at most this share of all lines seen.
+        window_s: width of the rate window, seconds.
+        ewma_alpha: weight of the newest closed window in a template's baseline.
+        burst_factor: a window count this many times the baseline (the anomaly's threshold) is a burst.
+        burst_min_count: fewest lines in a window for a burst.
+        burst_min_windows: closed windows a template needs before its baseline is trusted.
+        burst_floor: lowest baseline (lines a window) a count is compared with.
+    """
+
+    name: ClassVar[str] = DETECTOR_NAME
+
+    settings: MinerSettings = field(default_factory=lambda: MINER_SETTINGS["default"])
+    warmup_lines: int = 500
+    rare_max_count: int = 3
+    rare_max_share: float = 0.001
+    window_s: float = 60.0
+    ewma_alpha: float = 0.3
+    burst_factor: float = 5.0
+    burst_min_count: int = 20
+    burst_min_windows: int = 5
+    burst_floor: float = 1.0
+
+    def initial_state(self) -> LogTemplateState:
+        """Return an empty state for this detector's settings."""
+        return LogTemplateState(self.settings)
+
+    def detect(self, batch: Sequence[LogRecord], state: LogTemplateState) -> tuple[LogTemplateState, list[Anomaly]]:
+        """Mine a micro-batch of log lines and return the updated state and the anomalies.
+
+        Per batch, a signature fires once per (entity, signal, detail) with the number of lines
+        that matched; a new or rare template fires once per (entity, template).
+
+        Args:
+            batch: log records, in arrival order.
+            state: the state returned by the previous call (or :meth:`initial_state`).
+
+        Returns:
+            The updated state and the anomalies, in the order their first line arrived.
+        """
+        found: dict[tuple[str, ...], _Pending] = {}
+        for record in batch:
+            line = record.line.rstrip()
+            if not line.strip():
+                continue
+            state.lines += 1
+            result = state.miner.add_log_message(line)
+            cid = int(result["cluster_id"])
+            stats = state.templates.get(cid)
+            if stats is None:
+                stats = TemplateStats(
+                    template=str(result["template_mined"]),
+                    example=line,
+                    first_ts=record.ts,
+                    window=self._window(record.ts),
+                )
+                state.templates[cid] = stats
+            stats.template = str(result["template_mined"])
+            self._count(stats, record.ts)
+            entity = record.entity or record.key()
+            warm = state.lines > self.warmup_lines
+
+            signature = match_signature(line)
+            if signature is not None:
+                discriminator = tuple(str(v) for k, v in signature.details.items() if k in ("xid", "pci"))
+                key = (entity, signature.signal, *discriminator)
+                pending = found.get(key)
+                if pending is None:
+                    found[key] = _Pending(
+                        record, signature.signal, signature.severity, cid, stats, 1.0, 1.0, dict(signature.details)
+                    )
+                else:
+                    pending.lines += 1
+            elif warm and result["change_type"] == "cluster_created":
+                found.setdefault(
+                    (entity, "log_new_template", str(cid)),
+                    _Pending(record, "log_new_template", _line_severity(line, "warning"), cid, stats, 1.0, 1.0, {}),
+                )
+            elif warm and stats.count <= self.rare_max_count and stats.count / state.lines <= self.rare_max_share:
+                key = (entity, "log_rare_template", str(cid))
+                if key in found:
+                    found[key].lines += 1
+                else:
+                    share = stats.count / state.lines
+                    found[key] = _Pending(
+                        record,
+                        "log_rare_template",
+                        _line_severity(line, "info"),
+                        cid,
+                        stats,
+                        1.0 - share,
+                        1.0 - self.rare_max_share,
+                        {"share": share},
+                    )
+
+            burst = self._burst(stats)
+            if burst is not None:
+                score, baseline = burst
+                stats.burst_reported = True
+                found[(entity, "log_template_burst", str(cid), str(stats.window))] = _Pending(
+                    record,
+                    "log_template_burst",
+                    "warning",
+                    cid,
+                    stats,
+                    score,
+                    self.burst_factor,
+                    {
+                        "rate": stats.window_count / self.window_s,
+                        "baseline_rate": baseline / self.window_s,
+                        "window_s": self.window_s,
+                        "window_count": stats.window_count,
+                        "baseline_count": baseline,
+                    },
+                )
+
+        self._forget_evicted(state)
+        return state, [pending.anomaly(key) for key, pending in found.items()]
+
+    # -- windows and bursts
+
+    def _window(self, ts: float) -> int:
+        return math.floor(ts / self.window_s)
+
+    def _count(self, stats: TemplateStats, ts: float) -> None:
+        window = self._window(ts)
+        if window > stats.window:
+            # Close the current window, then fold in the empty windows since (capped: after a long
+            # silence the baseline is simply near zero).
+            closed = stats.window_count
+            if stats.windows == 0:
+                stats.ewma_count = float(closed)
+            else:
+                stats.ewma_count += self.ewma_alpha * (closed - stats.ewma_count)
+            empty = min(window - stats.window - 1, 10_000)
+            stats.ewma_count *= (1.0 - self.ewma_alpha) ** empty
+            stats.windows += 1 + empty
+            stats.window = window
+            stats.window_count = 0
+            stats.burst_reported = False
+        # A late line (older window) counts in the current one: windows only move forward.
+        stats.window_count += 1
+        stats.count += 1
+        stats.last_ts = max(stats.last_ts, ts)
+
+    def _burst(self, stats: TemplateStats) -> tuple[float, float] | None:
+        if stats.burst_reported or stats.windows < self.burst_min_windows:
+            return None
+        if stats.window_count < self.burst_min_count:
+            return None
+        baseline = max(stats.ewma_count, self.burst_floor)
+        score = stats.window_count / baseline
+        return (score, baseline) if score >= self.burst_factor else None
+
+    @staticmethod
+    def _forget_evicted(state: LogTemplateState) -> None:
+        clusters = state.miner.drain.id_to_cluster
+        if len(state.templates) > len(clusters):
+            for cid in [cid for cid in state.templates if cid not in clusters]:
+                del state.templates[cid]
+
+
+def _line_severity(line: str, default: Severity) -> Severity:
+    """Raise a template anomaly to warning when its line reads like an error."""
+    if _ERROR_WORDS.search(line) and SEVERITY_RANK[default] < SEVERITY_RANK["warning"]:
+        return "warning"
+    return default
+
+
+def _entity_kind(record: LogRecord) -> EntityKind:
+    if record.entity.startswith(("GPU-", "MIG-")):
+        return "gpu"
+    if record.entity:
+        return "other"
+    if "pod" in record.stream:
+        return "pod"
+    if any(label in record.stream for label in ("node", "Hostname", "hostname")):
+        return "node"
+    return "other"
+
+
+@dataclass
+class _Pending:
+    """An anomaly being gathered over one batch."""
+
+    record: LogRecord
+    signal: str
+    severity: Severity
+    template_id: int
+    stats: TemplateStats
+    score: float
+    threshold: float
+    details: dict[str, Any]
+    lines: int = 1
+
+    def anomaly(self, key: tuple[str, ...]) -> Anomaly:
+        entity = key[0]
+        evidence: dict[str, Any] = {
+            "template": self.stats.template,
+            "template_id": self.template_id,
+            "example": self.record.line.rstrip()[:2000],
+            "count": self.stats.count,
+            "lines_in_batch": self.lines,
+            "score": self.score,
+            "threshold": self.threshold,
+            **self.details,
+        }
+        fingerprint = hashlib.sha1("|".join((DETECTOR_NAME, *key)).encode()).hexdigest()[:16]
+        return Anomaly(
+            entity=entity,
+            entity_kind=_entity_kind(self.record),
+            signal=self.signal,
+            detector=DETECTOR_NAME,
+            score=self.score,
+            threshold=self.threshold,
+            severity=self.severity,
+            ts=self.record.ts,
+            labels=dict(self.record.stream),
+            evidence=evidence,
+            fingerprint=fingerprint,
+        )

@@ -1,0 +1,54 @@
+"""The Celery application: named queues, shared task options and the health task.
+
+Faust decides, Celery acts: anything that changes the world is a task here or in a task module. The
+app object exists at import time without configuration; each entrypoint (``medic worker``, the API,
+a test) calls :func:`configure` with its Settings before sending or running tasks.
+
+Queues:
+    default      health checks and housekeeping
+    remediation  playbook actions (acknowledged early, never auto-retried)
+    verify       read-only verification (retried with backoff)
+    notify       Slack / PagerDuty / webhook deliveries (retried on 429 and 5xx)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from services.core.settings import Settings
+
+QUEUES = ("default", "remediation", "verify", "notify")
+
+app = Celery("clustermedic")
+
+
+def configure(settings: Settings) -> Celery:
+    """Point the app at the settings' Redis and set the options every task shares."""
+    app.conf.update(
+        broker_url=settings.broker_url,
+        result_backend=settings.broker_url,
+        task_queues=[Queue(name) for name in QUEUES],
+        task_default_queue="default",
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_expires=3600,
+        # a prefetched task is a task a dying worker takes with it: fetch one at a time
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        timezone="UTC",
+    )
+    return app
+
+
+@app.task(name="clustermedic.health.ping", acks_late=True)
+def ping(payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Answer with the payload, the worker's host and pid: proves broker -> worker -> result backend."""
+    return {"pong": payload or {}, "host": socket.gethostname(), "pid": os.getpid(), "ts": time.time()}

@@ -1,0 +1,166 @@
+"""``medic``: the ClusterMedic command line.
+
+Each command builds one Settings object from the environment and passes it down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from services.celery_app import QUEUES
+from services.core.errors import ClusterMedicError
+from services.core.paths import REPO_ROOT
+from services.core.settings import Settings
+
+app = typer.Typer(help="ClusterMedic: autonomous SRE for LLM inference clusters.", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+topics_app = typer.Typer(help="Kafka topics.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(topics_app, name="topics")
+
+console = Console(stderr=True)
+INFRA = REPO_ROOT / "infra" / "local"
+COMPONENTS = ("kafka", "postgres", "redis")
+
+
+def _settings() -> Settings:
+    settings = Settings()
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.log_level.upper() != "DEBUG":
+        # the Kafka clients and Faust narrate every connection at INFO; keep their warnings only
+        for noisy in ("kafka", "aiokafka", "faust", "mode"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    return settings
+
+
+def _infra(action: str, components: tuple[str, ...]) -> int:
+    failed = 0
+    for component in components:
+        rc = subprocess.call(["bash", str(INFRA / f"{component}.sh"), action], cwd=REPO_ROOT)
+        failed += rc != 0
+    return failed
+
+
+@app.command()
+def up() -> None:
+    """Start the local Kafka, PostgreSQL+pgvector and Redis (idempotent), then migrate and create topics."""
+    if _infra("start", COMPONENTS):
+        raise typer.Exit(1)
+    migrate()
+    create_topics()
+
+
+@app.command()
+def down() -> None:
+    """Stop exactly the local processes `up` started (by their PID files)."""
+    raise typer.Exit(1 if _infra("stop", tuple(reversed(COMPONENTS))) else 0)
+
+
+@app.command()
+def status() -> None:
+    """Show whether each local component is running."""
+    raise typer.Exit(1 if _infra("status", COMPONENTS) else 0)
+
+
+@db_app.command("migrate")
+def migrate() -> None:
+    """Apply pending schema migrations (safe to run any number of times)."""
+    from services.store.db import migrate as apply
+
+    applied = apply(_settings())
+    console.print(f"[db] applied {', '.join(applied)}" if applied else "[db] schema is up to date")
+
+
+@topics_app.command("create")
+def create_topics() -> None:
+    """Create every topic of the architecture with the configured partition count."""
+    from services.core.bus import ensure_topics
+
+    created = ensure_topics(_settings())
+    console.print(f"[kafka] created {len(created)} topics" if created else "[kafka] topics exist")
+
+
+@app.command()
+def worker(
+    queues: Annotated[str, typer.Option(help="Comma-separated queues to consume.")] = ",".join(QUEUES),
+    concurrency: Annotated[int, typer.Option(help="Worker processes.")] = 2,
+    name: Annotated[str, typer.Option(help="Celery node name.")] = "medic@%h",
+) -> None:
+    """Run a Celery worker."""
+    from services.celery_app import configure
+
+    settings = _settings()
+    celery = configure(settings)
+    celery.worker_main(
+        ["worker", "-Q", queues, "-c", str(concurrency), "-n", name, "--loglevel", settings.log_level.upper()]
+    )
+
+
+@app.command()
+def pipeline(
+    role: Annotated[str, typer.Option(help="Which agents to run: smoke.")] = "smoke",
+) -> None:
+    """Run the Faust worker for one role of the stream pipeline."""
+    from faust import Worker
+
+    from pipelines.app import create_pipeline
+    from pipelines.smoke import register_smoke
+
+    settings = _settings()
+    pipe = create_pipeline(settings, app_id=f"{settings.faust_app_id}-{role}", web_enabled=True)
+    if role == "smoke":
+
+        async def print_event(event: object) -> None:
+            print(json.dumps({"topic": type(event).__name__, "event": str(event)}), flush=True)
+
+        register_smoke(pipe, print_event)
+    else:
+        console.print(f"unknown role {role!r}; known: smoke")
+        raise typer.Exit(2)
+    Worker(pipe.app, loglevel=settings.log_level.lower()).execute_from_commandline()
+
+
+@app.command()
+def demo() -> None:
+    """Send one event of each type through Kafka and the smoke agent; print what arrived."""
+    from services.demo import describe, run_smoke
+
+    result = run_smoke(_settings())
+    out = Console(width=max(Console().width, 120))
+    table = Table(title="One event of each type: publisher -> Kafka -> Faust smoke agent")
+    table.add_column("topic", no_wrap=True)
+    table.add_column("key", no_wrap=True, max_width=44)
+    table.add_column("after", justify="right", no_wrap=True)
+    table.add_column("what arrived")
+    for event, after in sorted(result.received, key=lambda item: item[1]):
+        table.add_row(event.topic, event.key(), f"{after * 1000:.0f} ms", describe(event))
+    out.print(table)
+    for letter in result.dead_letters:
+        out.print(f"dead letter from {letter.source_topic} ({letter.consumer or 'producer'}): {letter.error}")
+    if not result.ok:
+        console.print("[red]smoke flow FAILED: not every event arrived or the malformed one was not dead-lettered")
+        raise typer.Exit(1)
+    out.print(f"[green]smoke flow OK: {len(result.received)} events arrived, malformed input dead-lettered")
+
+
+def main() -> None:
+    """Console-script entry point: turn ClusterMedic errors into a one-line message and exit 1."""
+    try:
+        app()
+    except ClusterMedicError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
+
+
