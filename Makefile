@@ -2,12 +2,13 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+BASE_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 UV_VERSION := 0.13.9
 BIN := $(VENV)/bin
 MEDIC := $(BIN)/medic
 export PYTHON := $(abspath $(BIN)/python)
+# the infra scripts run Python from the project's environment
 # pgserver and platformdirs want a runtime dir; give them one instead of a warning per process
 export XDG_RUNTIME_DIR ?= /tmp/runtime-$(shell id -u)
 
@@ -21,7 +22,7 @@ help:
 # One resolver run, frozen in requirements.lock (regenerate with `make lock`).
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@mkdir -p $(XDG_RUNTIME_DIR)
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@test -x $(BIN)/python || $(BASE_PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
 	$(BIN)/uv pip sync -q --python $(BIN)/python requirements.lock
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .

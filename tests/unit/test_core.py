@@ -74,3 +74,11 @@ def test_misnamed_migration_is_rejected(tmp_path):
     (tmp_path / "1_init.sql").write_text("SELECT 1")
     with pytest.raises(MigrationError, match="NNNN_snake_case"):
         load_migrations(tmp_path)
+
+
+def test_configuration_doc_lists_every_setting():
+    from services.core.paths import REPO_ROOT
+
+    doc = (REPO_ROOT / "docs" / "configuration.md").read_text()
+    missing = [n for n in Settings.model_fields if f"CLUSTERMEDIC_{n.upper()}" not in doc]
+    assert not missing, f"docs/configuration.md does not document {missing}"
