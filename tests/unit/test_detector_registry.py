@@ -9,5 +9,5 @@ def test_every_registered_detector_loads_and_honours_the_contract():
         detector = cls()
         assert isinstance(detector, Detector), name
         assert detector.name == name
-        state, anomalies = detector.detect([], detector.initial_state())
+        _state, anomalies = detector.detect([], detector.initial_state())
         assert anomalies == []
