@@ -35,3 +35,8 @@ stop_pidfile() {
   kill -KILL "$pid" 2>/dev/null || true
   rm -f "$file"
 }
+
+# port_busy PORT: true when something already listens on 127.0.0.1:PORT.
+port_busy() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}

@@ -110,6 +110,9 @@ PY
 
 start() {
   if pid_alive "$PIDFILE"; then log "already running (pid $(cat "$PIDFILE")) on 127.0.0.1:$PORT"; return 0; fi
+  for p in "$PORT" "$CONTROLLER_PORT"; do
+    port_busy "$p" && die "127.0.0.1:$p is already in use by another process (set CLUSTERMEDIC_KAFKA_PORT / _CONTROLLER_PORT)"
+  done
   resolve_jars
   write_config
   java_opts
@@ -122,7 +125,8 @@ start() {
   log "starting broker on 127.0.0.1:$PORT"
   nohup java "${JAVA_OPTS[@]}" kafka.Kafka "$DIR/server.properties" >"$DIR/stdout.log" 2>&1 &
   echo $! > "$PIDFILE"
-  if ! wait_ready; then
+  # a broker that died at once (a port taken meanwhile) must not pass for ready
+  if ! wait_ready || ! pid_alive "$PIDFILE"; then
     tail -n 30 "$DIR/server.log" "$DIR/stdout.log" >&2 || true
     stop_pidfile "$PIDFILE"
     die "broker did not answer a metadata request"

@@ -25,6 +25,7 @@ ensure_installed() {
 start() {
   if [ -n "${CLUSTERMEDIC_REDIS_URL:-}" ]; then log "using $CLUSTERMEDIC_REDIS_URL (not started here)"; return 0; fi
   if pid_alive "$PIDFILE"; then log "already running (pid $(cat "$PIDFILE")) on 127.0.0.1:$PORT"; return 0; fi
+  port_busy "$PORT" && die "127.0.0.1:$PORT is already in use by another process (set CLUSTERMEDIC_REDIS_PORT)"
   ensure_installed
   mkdir -p "$DIR"
   redis-server --bind 127.0.0.1 --port "$PORT" --dir "$DIR" --daemonize yes \
