@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from services.core.errors import DecodeError, SchemaError
 
 Severity = Literal["info", "warning", "critical"]
+EntityKind = Literal["gpu", "node", "pod", "model", "service", "other"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
 
 E = TypeVar("E", bound="Event")
@@ -149,7 +150,7 @@ class Anomaly(Event):
 
     topic: ClassVar[str] = "anomalies.v1"
     entity: str = Field(min_length=1)
-    entity_kind: Literal["gpu", "node", "pod", "model", "service", "other"] = "other"
+    entity_kind: EntityKind = "other"
     signal: str = Field(min_length=1, description="what is abnormal, e.g. gpu_xid, vram_leak, ttft_slo_burn")
     detector: str = Field(min_length=1, description="registry name of the detector, or 'alertmanager'")
     score: float

@@ -1,0 +1,74 @@
+import numpy as np
+import pytest
+
+from pipelines.detectors import iforest
+from pipelines.detectors.iforest import IForestState, IsolationForestDetector
+from pipelines.features import GPU_FEATURES, FeatureVector
+
+
+def _vector(entity: str, ts: float, util: float, temp: float) -> FeatureVector:
+    values = {"gpu_util": util, "mem_used_frac": 0.6, "temp_c": temp, "power_w": 300 + util, "sm_clock_mhz": 1980}
+    return FeatureVector(entity, "gpu", ts, values, {"UUID": entity, "Hostname": "n1", "pod": "p"})
+
+
+def _normal_rows(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    util = rng.normal(70, 5, n)
+    return np.column_stack([util, np.full(n, 0.6), rng.normal(60, 2, n), 300 + util, np.full(n, 1980.0)])
+
+
+@pytest.fixture(scope="module")
+def model() -> iforest.TrainedIForest:
+    return iforest.train("gpu", _normal_rows(2000), contamination=0.01)
+
+
+def test_a_hot_gpu_is_an_outlier_after_persistence_and_fires_once(model):
+    detector = IsolationForestDetector({"gpu": model}, persistence=2)
+    state = detector.initial_state()
+    fired = []
+    for t in range(6):
+        hot = t >= 2
+        state, anomalies = detector.detect([_vector("GPU-1", t * 15, 70, 95 if hot else 60)], state)
+        fired.append(len(anomalies))
+    assert fired == [0, 0, 0, 1, 0, 0]
+
+
+def test_normal_scrapes_rarely_fire(model):
+    detector = IsolationForestDetector({"gpu": model})
+    state = detector.initial_state()
+    rows = _normal_rows(200, seed=1)
+    total = 0
+    for i, row in enumerate(rows):
+        vec = FeatureVector("GPU-2", "gpu", i * 15.0, dict(zip(GPU_FEATURES, row, strict=True)), {})
+        state, anomalies = detector.detect([vec], state)
+        total += len(anomalies)
+    assert total <= 1
+
+
+def test_evidence_names_the_feature_that_moved(model):
+    detector = IsolationForestDetector({"gpu": model}, persistence=1)
+    _, anomalies = detector.detect([_vector("GPU-1", 0, 70, 99)], detector.initial_state())
+    assert anomalies and next(iter(anomalies[0].evidence["top_deviations"])) == "temp_c"
+    assert anomalies[0].labels == {"node": "n1", "gpu": "GPU-1", "pod": "p"}
+    assert anomalies[0].entity_kind == "gpu" and anomalies[0].signal == "metric_outlier"
+
+
+def test_fallback_without_model_catches_a_gross_outlier_after_warmup():
+    detector = IsolationForestDetector(persistence=1, fallback_history=20)
+    state = detector.initial_state()
+    rng = np.random.default_rng(3)
+    for t in range(20):
+        state, anomalies = detector.detect([_vector("GPU-3", t, 70 + rng.normal(0, 1), 60 + rng.normal(0, 1))], state)
+        assert anomalies == []
+    state, anomalies = detector.detect([_vector("GPU-3", 21, 70, 120)], state)
+    assert len(anomalies) == 1 and anomalies[0].evidence["model"] == "robust_fallback"
+
+
+def test_state_and_model_serialise(model):
+    detector = IsolationForestDetector({"gpu": model})
+    state, _ = detector.detect([_vector("GPU-1", 0, 70, 60)], detector.initial_state())
+    again = IForestState.from_dict(state.to_dict())
+    assert again.entities["GPU-1"].rows == state.entities["GPU-1"].rows
+    restored = iforest.TrainedIForest.from_bytes(model.to_bytes())
+    rows = _normal_rows(5, seed=9)
+    assert np.allclose(restored.score(rows), model.score(rows))
