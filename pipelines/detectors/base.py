@@ -22,9 +22,12 @@ class Detector(Protocol):
 
     Attributes:
         name: the registry key, also written into ``Anomaly.detector``.
+        consumes: the input type of ``detect``'s batch: ``MetricBatch``, ``LogRecord``, ``KubeEvent``
+            or ``pipelines.features.FeatureVector``; the detect agent routes by it.
     """
 
     name: ClassVar[str]
+    consumes: ClassVar[type]
 
     def initial_state(self) -> Any:
         """State before any event has been seen."""

@@ -445,6 +445,7 @@ class LogTemplateDetector:
     """
 
     name: ClassVar[str] = DETECTOR_NAME
+    consumes: ClassVar[type] = LogRecord
 
     settings: MinerSettings = field(default_factory=lambda: MINER_SETTINGS["default"])
     warmup_lines: int = 500

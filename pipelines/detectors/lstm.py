@@ -1,0 +1,184 @@
+"""LSTM forecaster per entity class (pyod ``LSTMAD`` on torch CPU): temporal patterns a point-wise model
+misses, such as a slow VRAM leak or an oscillating batch size.
+
+``LSTMAD`` predicts each scrape from the previous ``window`` scrapes and scores the Mahalanobis
+distance of the prediction error. To score many entities in one model call (each call costs about the
+same whatever its size), their windows are laid end to end in one series: the score at the last row of
+each segment only looks back over that segment's own rows, so segments never mix.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pipelines.detectors.iforest import topology_labels
+from pipelines.detectors.scaling import Matrix, RobustScaler
+from pipelines.features import FEATURES_BY_CLASS, FeatureVector
+from services.core.events import Anomaly, EntityKind
+from services.core.fingerprint import fingerprint
+
+
+@dataclass(frozen=True)
+class TrainedLSTM:
+    """A fitted LSTMAD for one entity class with its scaler and calibrated threshold."""
+
+    entity_class: str
+    window: int
+    scaler: RobustScaler
+    model: Any
+    threshold: float
+    n_train: int
+
+    def score_segments(self, segments: Sequence[Matrix]) -> np.ndarray:
+        """Score the last row of each ``window + 1``-row segment in one model call."""
+        series = np.concatenate([self.scaler.transform(seg) for seg in segments])
+        scores = np.asarray(self.model.decision_function(series), dtype=np.float64)
+        ends = np.arange(1, len(segments) + 1) * (self.window + 1) - 1
+        return np.asarray(scores[ends], dtype=np.float64)
+
+    def to_bytes(self) -> bytes:
+        """Serialise for the detector_models table."""
+        return pickle.dumps(self)
+
+    @staticmethod
+    def from_bytes(raw: bytes) -> TrainedLSTM:
+        """Inverse of :meth:`to_bytes` (only ever fed our own table's rows)."""
+        model = pickle.loads(raw)  # only our own detector_models rows, written by train()
+        if not isinstance(model, TrainedLSTM):
+            raise TypeError("detector_models row is not an LSTM model")
+        return model
+
+
+def train(
+    entity_class: str,
+    series: Sequence[Matrix],
+    *,
+    window: int = 12,
+    epochs: int = 8,
+    contamination: float = 0.005,
+    seed: int = 0,
+) -> TrainedLSTM:
+    """Fit on per-entity series judged normal (each at least ``window + 10`` rows)."""
+    import torch
+    from pyod.models.ts_lstm import LSTMAD
+
+    torch.manual_seed(seed)
+    usable = [s for s in series if len(s) >= window + 10]
+    if not usable:
+        raise ValueError(f"LSTM training needs series of at least {window + 10} rows")
+    scaler = RobustScaler.fit(np.concatenate(usable))
+    model = LSTMAD(window_size=window, hidden_size=32, n_layers=1, epochs=epochs, contamination=contamination)
+    model.fit(np.concatenate([scaler.transform(s) for s in usable]))
+    # calibrate on each series' own valid positions (skip the lookback rows and the seams between series)
+    scores = np.concatenate(
+        [np.asarray(model.decision_function(scaler.transform(s)))[window:] for s in usable]
+    )
+    threshold = float(np.quantile(scores, 1.0 - contamination))
+    return TrainedLSTM(entity_class, window, scaler, model, threshold, int(sum(len(s) for s in usable)))
+
+
+@dataclass
+class LstmState:
+    """Recent rows per entity and whether its anomaly is already raised."""
+
+    windows: dict[str, list[list[float]]] = field(default_factory=dict)
+    streak: dict[str, int] = field(default_factory=dict)
+    firing: dict[str, bool] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (NaN written as None)."""
+        return {
+            "windows": {e: [[None if v != v else v for v in r] for r in w] for e, w in self.windows.items()},
+            "streak": self.streak,
+            "firing": self.firing,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LstmState:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            windows={
+                e: [[float("nan") if v is None else float(v) for v in r] for r in w]
+                for e, w in data.get("windows", {}).items()
+            },
+            streak={e: int(v) for e, v in data.get("streak", {}).items()},
+            firing={e: bool(v) for e, v in data.get("firing", {}).items()},
+        )
+
+
+class LstmDetector:
+    """Sequence anomalies per entity (signal ``sequence_anomaly``); silent for classes without a model.
+
+    Args:
+        models: trained models by entity class.
+        persistence: consecutive scrapes over the threshold before an anomaly is raised.
+    """
+
+    name: ClassVar[str] = "lstm"
+    consumes: ClassVar[type] = FeatureVector
+
+    def __init__(self, models: Mapping[str, TrainedLSTM] | None = None, *, persistence: int = 2) -> None:
+        self.models = dict(models or {})
+        self.persistence = persistence
+
+    def initial_state(self) -> LstmState:
+        """No entity seen yet."""
+        return LstmState()
+
+    def detect(self, batch: Sequence[FeatureVector], state: LstmState) -> tuple[LstmState, list[Anomaly]]:
+        """Append each vector to its entity's window and score full windows, one call per class."""
+        ready: dict[str, list[tuple[FeatureVector, Matrix]]] = {}
+        for vector in batch:
+            model = self.models.get(vector.entity_class)
+            window = state.windows.setdefault(vector.entity, [])
+            window.append(vector.as_row())
+            if model is None:
+                del window[:-1]
+                continue
+            del window[: -(model.window + 1)]
+            if len(window) == model.window + 1:
+                ready.setdefault(vector.entity_class, []).append((vector, np.array(window, dtype=np.float64)))
+        anomalies: list[Anomaly] = []
+        for cls, items in ready.items():
+            model = self.models[cls]
+            scores = model.score_segments([segment for _, segment in items])
+            for (vector, segment), score in zip(items, scores, strict=True):
+                entity = vector.entity
+                if score > model.threshold:
+                    state.streak[entity] = state.streak.get(entity, 0) + 1
+                else:
+                    state.streak[entity] = 0
+                    state.firing[entity] = False
+                if state.streak[entity] >= self.persistence and not state.firing.get(entity, False):
+                    state.firing[entity] = True
+                    anomalies.append(self._anomaly(vector, float(score), model, segment))
+        return state, anomalies
+
+    def _anomaly(self, vector: FeatureVector, score: float, model: TrainedLSTM, segment: Matrix) -> Anomaly:
+        kind: EntityKind = "gpu" if vector.entity_class == "gpu" else "pod"
+        names = FEATURES_BY_CLASS[vector.entity_class]
+        scaled = model.scaler.transform(segment)
+        drift = scaled[-1] - scaled[0]  # what moved across the window, in robust units
+        order = np.argsort(-np.abs(drift))[:3]
+        return Anomaly(
+            entity=vector.entity,
+            entity_kind=kind,
+            signal="sequence_anomaly",
+            detector=self.name,
+            score=score,
+            threshold=model.threshold,
+            severity="warning",
+            ts=vector.ts,
+            labels=topology_labels(vector.labels),
+            evidence={
+                "features": {k: round(v, 4) for k, v in vector.values.items()},
+                "window_drift": {names[i]: round(float(drift[i]), 2) for i in order},
+                "window_scrapes": model.window,
+            },
+            fingerprint=fingerprint(self.name, "sequence_anomaly", vector.entity),
+        )

@@ -1,0 +1,54 @@
+import numpy as np
+import pytest
+
+from pipelines.detectors import lstm
+from pipelines.detectors.lstm import LstmDetector, LstmState
+from pipelines.features import GPU_FEATURES, FeatureVector
+
+
+def _series(n: int, seed: int, leak_from: int | None = None) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    util = 70 + 10 * np.sin(t / 6) + rng.normal(0, 1, n)
+    mem = 0.6 + rng.normal(0, 0.005, n)
+    if leak_from is not None:
+        mem[leak_from:] += 0.02 * np.arange(n - leak_from)
+    return np.column_stack([util, mem, 60 + rng.normal(0, 0.5, n), 300 + util, np.full(n, 1980.0)])
+
+
+@pytest.fixture(scope="module")
+def model() -> lstm.TrainedLSTM:
+    return lstm.train("gpu", [_series(300, s) for s in range(3)], window=8, epochs=5)
+
+
+def _run(detector, rows, entity="GPU-1"):
+    state = detector.initial_state()
+    fired_at = []
+    for i, row in enumerate(rows):
+        vec = FeatureVector(entity, "gpu", i * 15.0, dict(zip(GPU_FEATURES, row, strict=True)), {"UUID": entity})
+        state, anomalies = detector.detect([vec], state)
+        fired_at += [i for _ in anomalies]
+    return state, fired_at
+
+
+def test_a_memory_leak_is_caught_and_a_normal_series_is_quiet(model):
+    detector = LstmDetector({"gpu": model})
+    _, quiet = _run(detector, _series(120, seed=11))
+    _, leak = _run(detector, _series(120, seed=12, leak_from=60))
+    assert len(quiet) <= 1
+    assert leak and 60 <= leak[0] <= 80
+
+
+def test_segments_scored_together_equal_segments_scored_alone(model):
+    segments = [_series(9, seed=s) for s in (21, 22, 23)]
+    together = model.score_segments(segments)
+    alone = np.concatenate([model.score_segments([s]) for s in segments])
+    assert np.allclose(together, alone)
+
+
+def test_state_round_trips_and_no_model_means_silence(model):
+    state, _ = _run(LstmDetector({"gpu": model}), _series(20, seed=1))
+    again = LstmState.from_dict(state.to_dict())
+    assert np.allclose(np.array(again.windows["GPU-1"]), np.array(state.windows["GPU-1"]))
+    _, fired = _run(LstmDetector(), _series(40, seed=2, leak_from=10))
+    assert fired == []
