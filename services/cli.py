@@ -25,6 +25,8 @@ db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 topics_app = typer.Typer(help="Kafka topics.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(topics_app, name="topics")
+detect_app = typer.Typer(help="Anomaly detectors: train, list models.", no_args_is_help=True)
+app.add_typer(detect_app, name="detect")
 
 console = Console(stderr=True)
 INFRA = REPO_ROOT / "infra" / "local"
@@ -106,7 +108,7 @@ def worker(
 
 @app.command()
 def pipeline(
-    role: Annotated[str, typer.Option(help="Which agents to run: smoke.")] = "smoke",
+    role: Annotated[str, typer.Option(help="Which agents to run: detect or smoke.")] = "detect",
 ) -> None:
     """Run the Faust worker for one role of the stream pipeline."""
     from faust import Worker
@@ -116,16 +118,69 @@ def pipeline(
 
     settings = _settings()
     pipe = create_pipeline(settings, app_id=f"{settings.faust_app_id}-{role}", web_enabled=True)
-    if role == "smoke":
+    if role == "detect":
+        from pipelines.detect import build_detectors, register_detect
+
+        names = [n.strip() for n in settings.detectors.split(",") if n.strip()]
+        register_detect(pipe, build_detectors(settings, names), model_refresh_s=settings.detect_model_refresh_s)
+    elif role == "smoke":
 
         async def print_event(event: object) -> None:
             print(json.dumps({"topic": type(event).__name__, "event": str(event)}), flush=True)
 
         register_smoke(pipe, print_event)
     else:
-        console.print(f"unknown role {role!r}; known: smoke")
+        console.print(f"unknown role {role!r}; known: detect, smoke")
         raise typer.Exit(2)
     Worker(pipe.app, loglevel=settings.log_level.lower()).execute_from_commandline()
+
+
+@detect_app.command("train")
+def detect_train(
+    source: Annotated[str, typer.Option(help="simulator (a fault-free run) or kafka (not yet).")] = "simulator",
+    seed: Annotated[int, typer.Option(help="Simulator seed.")] = 1,
+    duration: Annotated[float, typer.Option(help="Simulated seconds of baseline.")] = 3600.0,
+    scenario: Annotated[str, typer.Option(help="Fault-free scenario to run.")] = "baseline",
+) -> None:
+    """Train the isolation forest and LSTM on a normal baseline and store new model versions."""
+    from pipelines.training import simulator_baseline, train_and_store
+
+    settings = _settings()
+    if source != "simulator":
+        console.print("only --source simulator is implemented so far")
+        raise typer.Exit(2)
+    console.print(f"[detect] simulating {duration:.0f} s of fault-free '{scenario}' (seed {seed})...")
+    baseline = simulator_baseline(seed, duration, scenario)
+    console.print(f"[detect] {baseline.scrapes} scrapes; training...")
+    report = train_and_store(
+        settings,
+        baseline,
+        source=f"simulator:{scenario}:seed={seed}:{duration:.0f}s",
+        contamination=settings.detect_contamination,
+    )
+    for key, version in sorted(report.versions.items()):
+        console.print(f"[detect] stored {key} version {version}")
+    console.print(f"[detect] trained in {report.seconds:.1f} s")
+
+
+@detect_app.command("models")
+def detect_models() -> None:
+    """List stored detector models, newest first."""
+    from services.store.detector_models import list_models
+
+    table = Table(title="Detector models")
+    for column in ("detector", "class", "version", "trained at", "threshold", "training"):
+        table.add_column(column)
+    for m in list_models(_settings()):
+        table.add_row(
+            m.detector,
+            m.entity_class,
+            str(m.version),
+            m.trained_at.isoformat(timespec="seconds"),
+            f"{m.threshold:.4g}" if m.threshold is not None else "",
+            json.dumps(m.training),
+        )
+    Console().print(table)
 
 
 @app.command()
@@ -162,5 +217,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-

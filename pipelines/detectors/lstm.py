@@ -42,16 +42,48 @@ class TrainedLSTM:
         return np.asarray(scores[ends], dtype=np.float64)
 
     def to_bytes(self) -> bytes:
-        """Serialise for the detector_models table."""
-        return pickle.dumps(self)
+        """Serialise for the detector_models table.
+
+        pyod builds its torch network as a class local to a function, which pickle cannot name, so the
+        network travels as a torch ``state_dict`` and the fitted attributes as plain arrays.
+        """
+        net = self.model.model_._net
+        fitted = {k: v for k, v in vars(self.model).items() if k != "model_"}
+        payload = {
+            "entity_class": self.entity_class,
+            "window": self.window,
+            "scaler": self.scaler,
+            "threshold": self.threshold,
+            "n_train": self.n_train,
+            "lstm_attrs": fitted,
+            "state_dict": {k: v.numpy() for k, v in net.state_dict().items()},
+        }
+        return pickle.dumps(payload)
 
     @staticmethod
     def from_bytes(raw: bytes) -> TrainedLSTM:
         """Inverse of :meth:`to_bytes` (only ever fed our own table's rows)."""
-        model = pickle.loads(raw)  # only our own detector_models rows, written by train()
-        if not isinstance(model, TrainedLSTM):
+        import torch
+        from pyod.models.ts_lstm import LSTMAD, _LSTMModel
+
+        payload = pickle.loads(raw)  # only our own detector_models rows, written by train()
+        if not isinstance(payload, dict) or "state_dict" not in payload:
             raise TypeError("detector_models row is not an LSTM model")
-        return model
+        attrs = payload["lstm_attrs"]
+        model = LSTMAD(window_size=attrs["window_size"], hidden_size=attrs["hidden_size"], n_layers=attrs["n_layers"])
+        vars(model).update(attrs)
+        net = _LSTMModel(attrs["n_channels_"], attrs["hidden_size"], attrs["n_layers"])
+        net._net.load_state_dict({k: torch.from_numpy(v) for k, v in payload["state_dict"].items()})
+        net.eval()
+        model.model_ = net
+        return TrainedLSTM(
+            payload["entity_class"],
+            payload["window"],
+            payload["scaler"],
+            model,
+            payload["threshold"],
+            payload["n_train"],
+        )
 
 
 def train(
@@ -75,9 +107,7 @@ def train(
     model = LSTMAD(window_size=window, hidden_size=32, n_layers=1, epochs=epochs, contamination=contamination)
     model.fit(np.concatenate([scaler.transform(s) for s in usable]))
     # calibrate on each series' own valid positions (skip the lookback rows and the seams between series)
-    scores = np.concatenate(
-        [np.asarray(model.decision_function(scaler.transform(s)))[window:] for s in usable]
-    )
+    scores = np.concatenate([np.asarray(model.decision_function(scaler.transform(s)))[window:] for s in usable])
     threshold = float(np.quantile(scores, 1.0 - contamination))
     return TrainedLSTM(entity_class, window, scaler, model, threshold, int(sum(len(s) for s in usable)))
 

@@ -8,5 +8,12 @@ DETECTORS: Registry[type] = Registry(
     "detector",
     {
         "log_templates": "pipelines.detectors.logtemplates:LogTemplateDetector",
+        "iforest": "pipelines.detectors.iforest:IsolationForestDetector",
+        "lstm": "pipelines.detectors.lstm:LstmDetector",
+        "xid_rules": "pipelines.detectors.rules_xid:XidDetector",
+        "gpu_rules": "pipelines.detectors.rules_gpu:GpuRuleDetector",
+        "serving_rules": "pipelines.detectors.rules_serving:ServingRuleDetector",
+        "slo_burn": "pipelines.detectors.rules_slo:SloBurnDetector",
+        "kube_events": "pipelines.detectors.rules_kube:KubeEventDetector",
     },
 )

@@ -59,7 +59,107 @@ class Settings(BaseSettings):
     faust_app_id: str = Field(default="clustermedic", description="Faust application id (consumer group).")
     faust_web_port: int = Field(default=16066, description="Port of the Faust worker's web server.")
 
+    detectors: str = Field(
+        default="", description="Comma-separated detector registry names the detect role runs; empty: all."
+    )
+    detect_model_refresh_s: float = Field(
+        default=300.0, description="How often a detect worker looks for newer stored models to hot-swap."
+    )
+    detect_contamination: float = Field(
+        default=0.005, gt=0, lt=0.5, description="Share of training scrapes the learned detectors treat as outliers."
+    )
+
     log_level: str = Field(default="INFO", description="Log level of every ClusterMedic process.")
+
+    # Ingest (services/ingest; docs/ingest.md)
+    ingest_host: str = Field(default="0.0.0.0", description="Address the ingest HTTP service listens on.")
+    ingest_port: int = Field(default=8081, description="Port of the ingest HTTP service.")
+    ingest_token: str | None = Field(
+        default=None, description="Bearer token required on the ingest push endpoints. Unset: no auth."
+    )
+    ingest_max_body_bytes: int = Field(
+        default=10 * 1024 * 1024, ge=1024, description="Largest request body the ingest receivers read (413 above)."
+    )
+    ingest_max_decompressed_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="Largest decompressed body (snappy, gzip) accepted (413 above)."
+    )
+    ingest_queue_capacity: int = Field(
+        default=200_000,
+        ge=1,
+        description="Bound of the ingest publish queue, in samples (other events count one); 503 when full.",
+    )
+    ingest_flush_timeout_s: float = Field(
+        default=10.0, gt=0, description="How long ingest waits for Kafka's acks before answering 503."
+    )
+    ingest_retry_after_s: int = Field(default=5, ge=1, description="Retry-After (s) on ingest 503 answers.")
+    ingest_max_samples_per_batch: int = Field(
+        default=1000, ge=1, description="Most samples in one MetricBatch message (keeps messages under 1 MB)."
+    )
+    ingest_dedup_ttl_s: float = Field(
+        default=86_400.0, gt=0, description="How long a delivered Alertmanager alert state is remembered."
+    )
+    ingest_dedup_capacity: int = Field(
+        default=100_000, ge=1, description="Most Alertmanager alert states remembered for dedup."
+    )
+    ingest_deadletter_max_bytes: int = Field(
+        default=256 * 1024, ge=0, description="Most bytes of a rejected payload kept in its dead letter."
+    )
+    ingest_scrape_targets: list[str] = Field(
+        default_factory=list, description="URLs of /metrics endpoints `medic ingest scrape` polls (JSON list)."
+    )
+    ingest_scrape_interval_s: float = Field(default=15.0, gt=0, description="Seconds between scrapes.")
+    ingest_prometheus_url: str | None = Field(
+        default=None, description="Prometheus base URL `medic ingest pull-prom` queries with query_range."
+    )
+    ingest_prometheus_queries: dict[str, str] = Field(
+        default_factory=dict, description="Metric name -> PromQL, pulled with query_range (JSON object)."
+    )
+    ingest_pull_step_s: float = Field(default=15.0, gt=0, description="query_range step (s) for pull-prom.")
+    ingest_pull_interval_s: float = Field(default=30.0, gt=0, description="Seconds between pull-prom/pull-loki polls.")
+    ingest_loki_url: str | None = Field(default=None, description="Loki base URL `medic ingest pull-loki` queries.")
+    ingest_loki_query: str = Field(default='{job=~".+"}', description="LogQL stream selector pull-loki follows.")
+    ingest_loki_limit: int = Field(default=1000, ge=1, description="Most entries per Loki query_range page.")
+    ingest_k8s_api: str = Field(
+        default="core",
+        description="Kubernetes events API the watcher uses: 'core' (v1) or 'events' (events.k8s.io/v1).",
+    )
+    ingest_k8s_kubeconfig: Path | None = Field(
+        default=None, description="Kubeconfig for the events watcher. Unset: in-cluster config, else ~/.kube/config."
+    )
+    ingest_k8s_namespace: str = Field(default="", description="Namespace the events watcher follows; empty: all.")
+
+    # Diagnostician and knowledge base (services/diagnostician; docs/diagnostician.md)
+    diagnostician: str = Field(
+        default="ranker", description="Diagnostician: 'ranker' (offline evidence ranker) or 'llm' (ranker as fallback)."
+    )
+    embedder: str = Field(
+        default="minilm", description="Embedder: 'minilm' (offline all-MiniLM-L6-v2) or 'openai' (embeddings endpoint)."
+    )
+    embedder_threads: int = Field(
+        default=1, ge=0, description="CPU threads torch uses for MiniLM; 0: torch's default (all cores)."
+    )
+    embedding_base_url: str | None = Field(
+        default=None, description="Base URL of an OpenAI-compatible embeddings endpoint (embedder='openai')."
+    )
+    embedding_model: str = Field(
+        default="text-embedding-3-small", description="Embeddings model name (must return or be cut to 384 dims)."
+    )
+    embedding_api_key: str | None = Field(default=None, description="API key of the embeddings endpoint.")
+    kb_dir: Path | None = Field(
+        default=None, description="Knowledge folder (runbooks/, postmortems/). Unset: the repository's knowledge/."
+    )
+    kb_top_k: int = Field(default=8, ge=1, le=100, description="Hits returned by hybrid retrieval.")
+    llm_base_url: str | None = Field(
+        default=None, description="Base URL of an OpenAI-compatible chat endpoint (OpenAI, vLLM, Ollama)."
+    )
+    llm_model: str = Field(default="gpt-4o-mini", description="Chat model the LLM diagnostician asks.")
+    llm_api_key: str | None = Field(default=None, description="API key of the LLM endpoint.")
+    llm_timeout_s: float = Field(
+        default=20.0, gt=0, description="Seconds the LLM may take before the ranker's diagnosis is used instead."
+    )
+    llm_token_budget: int = Field(
+        default=6000, ge=500, description="Prompt budget in tokens (approximated as characters / 4)."
+    )
 
     @property
     def bootstrap_servers(self) -> str:
@@ -84,3 +184,26 @@ class Settings(BaseSettings):
     def topic(self, name: str) -> str:
         """Return the full Kafka topic name for a base name such as ``telemetry.metrics.v1``."""
         return f"{self.topic_prefix}{name}"
+
+
+def markdown_table() -> str:
+    """The settings reference table of docs/configuration.md, generated from the fields above."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    home = str(Path.home())
+    for name, field in Settings.model_fields.items():
+        default = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
+        shown = "" if default is None else str(default).replace(home, "~")
+        rows.append(f"| `CLUSTERMEDIC_{name.upper()}` | `{shown}` | {field.description} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    # `python -m services.core.settings docs/configuration.md` rewrites the table between the markers
+    import sys
+
+    doc = Path(sys.argv[1])
+    text = doc.read_text()
+    begin, end = "<!-- settings:begin -->", "<!-- settings:end -->"
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    doc.write_text(f"{head}{begin}\n{markdown_table()}\n{end}{tail}")

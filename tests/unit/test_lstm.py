@@ -52,3 +52,10 @@ def test_state_round_trips_and_no_model_means_silence(model):
     assert np.allclose(np.array(again.windows["GPU-1"]), np.array(state.windows["GPU-1"]))
     _, fired = _run(LstmDetector(), _series(40, seed=2, leak_from=10))
     assert fired == []
+
+
+def test_a_stored_model_scores_like_the_trained_one(model):
+    restored = lstm.TrainedLSTM.from_bytes(model.to_bytes())
+    segments = [_series(9, seed=s) for s in (31, 32)]
+    assert np.allclose(restored.score_segments(segments), model.score_segments(segments))
+    assert restored.threshold == model.threshold

@@ -1,0 +1,409 @@
+"""GPU health rules over DCGM exporter metrics, one GPU (UUID) at a time.
+
+===================== ======================================================= ==========
+signal                when                                                    severity
+===================== ======================================================= ==========
+ecc_sbe_rate          ``DCGM_FI_DEV_ECC_SBE_VOL_TOTAL`` rose by >= sbe_threshold warning
+                      within sbe_window_s
+ecc_dbe               ``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL`` rose (any increase)    critical
+row_remap_pending     ``DCGM_FI_DEV_ROW_REMAP_PENDING`` > 0                    warning
+row_remap_failure     ``DCGM_FI_DEV_ROW_REMAP_FAILURE`` > 0                    critical
+gpu_thermal_throttle  throttle reasons has HW_THERMAL (0x40), SW_THERMAL       warning
+                      (0x20) or HW_SLOWDOWN (0x8), or ``DCGM_FI_DEV_GPU_TEMP``
+                      >= the model's slowdown temperature, for thermal_samples
+gpu_power_throttle    SW_POWER_CAP (0x4) or HW_POWER_BRAKE (0x80) for          info /
+                      power_samples (warning when the power brake is on)      warning
+nvlink_errors         NVLink CRC/replay errors rose by >= nvlink_threshold      warning /
+                      within nvlink_window_s, or any recovery error           critical
+vram_pressure         FB_USED / (FB_USED + FB_FREE [+ FB_RESERVED]) >          warning
+                      vram_threshold for vram_samples
+===================== ======================================================= ==========
+
+Counters are cumulative: a drop is a reset and counts nothing (see
+:class:`~pipelines.detectors.rules_common.CounterTrack`). Every rule but ``ecc_dbe`` is a condition:
+it fires once, stays quiet while it holds and sends a ``resolved`` anomaly when it clears. A rule
+whose metrics are missing from a scrape (a GPU off the bus reports only its XID) is left as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from pipelines.detectors.rules_common import (
+    Condition,
+    CounterTrack,
+    Snapshot,
+    Transition,
+    forget_older,
+    held_back,
+    make_anomaly,
+    snapshots,
+    topology_labels,
+)
+from services.core.events import Anomaly, MetricBatch, Severity
+
+DETECTOR_NAME = "gpu_rules"
+
+SBE = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
+DBE = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
+REMAP_PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"
+REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+# DCGM 3.3 renamed the throttle field to "clocks event reasons"; exporters write either.
+THROTTLE_REASONS = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
+GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"
+SLOWDOWN_TEMP = "DCGM_FI_DEV_SLOWDOWN_TEMP"
+FB_USED = "DCGM_FI_DEV_FB_USED"
+FB_FREE = "DCGM_FI_DEV_FB_FREE"
+FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
+NVLINK_ERRORS = (
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+)
+NVLINK_RECOVERY = "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"
+
+# NVML clocks-throttle / clocks-event reason bits (nvml.h, nvmlClocksThrottleReason*).
+THROTTLE_BITS: dict[int, str] = {
+    0x1: "GPU_IDLE",
+    0x2: "APPLICATIONS_CLOCKS_SETTING",
+    0x4: "SW_POWER_CAP",
+    0x8: "HW_SLOWDOWN",
+    0x10: "SYNC_BOOST",
+    0x20: "SW_THERMAL_SLOWDOWN",
+    0x40: "HW_THERMAL_SLOWDOWN",
+    0x80: "HW_POWER_BRAKE_SLOWDOWN",
+    0x100: "DISPLAY_CLOCK_SETTING",
+}
+THERMAL_MASK = 0x40 | 0x20 | 0x8
+POWER_MASK = 0x4 | 0x80
+HW_POWER_BRAKE = 0x80
+
+DEFAULT_SLOWDOWN_TEMPS: tuple[tuple[str, float], ...] = (
+    # (substring of DCGM's modelName, ``nvidia-smi -q`` "GPU Slowdown Temp" in °C); first match wins.
+    ("H100", 89.0),
+    ("H200", 89.0),
+    ("A100", 89.0),
+    ("L40S", 95.0),
+    ("L40", 95.0),
+    ("L4", 95.0),
+    ("A10", 95.0),
+)
+
+
+def throttle_reason_names(bits: int) -> list[str]:
+    """Return the NVML reason names set in a throttle bitmask, lowest bit first."""
+    return [name for bit, name in THROTTLE_BITS.items() if bits & bit]
+
+
+@dataclass
+class GpuHealth:
+    """What the detector remembers about one GPU.
+
+    Attributes:
+        counters: counter metric name -> its track.
+        conditions: signal -> its condition.
+        fired: signal -> when an event-like signal (``ecc_dbe``) last fired.
+    """
+
+    counters: dict[str, CounterTrack] = field(default_factory=dict)
+    conditions: dict[str, Condition] = field(default_factory=dict)
+    fired: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class GpuRulesState:
+    """The detector's state: one :class:`GpuHealth` per GPU UUID."""
+
+    gpus: dict[str, GpuHealth] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the state as JSON-compatible values."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GpuRulesState:
+        """Rebuild a state written by :meth:`to_dict`."""
+        return cls(
+            gpus={
+                uuid: GpuHealth(
+                    counters={k: CounterTrack.from_dict(v) for k, v in g.get("counters", {}).items()},
+                    conditions={k: Condition.from_dict(v) for k, v in g.get("conditions", {}).items()},
+                    fired={k: float(v) for k, v in g.get("fired", {}).items()},
+                )
+                for uuid, g in data.get("gpus", {}).items()
+            }
+        )
+
+
+@dataclass
+class _Finding:
+    signal: str
+    transition: Transition
+    score: float
+    threshold: float
+    severity: Severity
+    evidence: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GpuRuleDetector:
+    """GPU hardware-health rules: ECC, row remapping, thermal and power throttling, NVLink, VRAM.
+
+    Attributes:
+        sbe_window_s: window of the single-bit ECC rate (default 3600 s).
+        sbe_threshold: SBEs within ``sbe_window_s`` that make a high rate (default 100).
+        dbe_hold_s: a GPU's ``ecc_dbe`` fires at most once in this many seconds (default 300 s).
+        thermal_samples: consecutive throttled or hot samples for ``gpu_thermal_throttle`` (default 3).
+        slowdown_temps: ``(modelName substring, slowdown °C)`` pairs, first match wins.
+        default_slowdown_c: slowdown temperature of a model not in ``slowdown_temps`` (default 87 °C).
+        temp_margin_c: fire this many degrees below the slowdown temperature (default 0).
+        power_samples: consecutive power-capped samples for ``gpu_power_throttle`` (default 5).
+        nvlink_window_s: window of the NVLink error count (default 300 s).
+        nvlink_threshold: CRC + replay errors within the window that fire (default 100).
+        vram_threshold: framebuffer share above which memory is under pressure (default 0.95).
+        vram_samples: consecutive samples above it for ``vram_pressure`` (default 5).
+        emit_resolved: send a ``resolved`` anomaly when a condition clears (default True).
+    """
+
+    name: ClassVar[str] = DETECTOR_NAME
+    consumes: ClassVar[type] = MetricBatch
+
+    sbe_window_s: float = 3600.0
+    sbe_threshold: float = 100.0
+    dbe_hold_s: float = 300.0
+    thermal_samples: int = 3
+    slowdown_temps: tuple[tuple[str, float], ...] = DEFAULT_SLOWDOWN_TEMPS
+    default_slowdown_c: float = 87.0
+    temp_margin_c: float = 0.0
+    power_samples: int = 5
+    nvlink_window_s: float = 300.0
+    nvlink_threshold: float = 100.0
+    vram_threshold: float = 0.95
+    vram_samples: int = 5
+    emit_resolved: bool = True
+
+    def initial_state(self) -> GpuRulesState:
+        """Return an empty state."""
+        return GpuRulesState()
+
+    def slowdown_for(self, model_name: str) -> float:
+        """Return the slowdown temperature (°C) for a DCGM ``modelName``."""
+        for needle, temp in self.slowdown_temps:
+            if needle.lower() in model_name.lower():
+                return temp
+        return self.default_slowdown_c
+
+    def detect(self, batch: Sequence[Any], state: GpuRulesState) -> tuple[GpuRulesState, list[Anomaly]]:
+        """Evaluate every rule on each GPU scrape in a micro-batch.
+
+        Args:
+            batch: :class:`~services.core.events.MetricBatch` items from DCGM (others are ignored).
+            state: the state returned by the previous call (or :meth:`initial_state`).
+
+        Returns:
+            The updated state (changed in place) and the anomalies, oldest scrape first.
+        """
+        anomalies: list[Anomaly] = []
+        for snap in snapshots(batch, entity_label="UUID"):
+            if not any(name.startswith("DCGM_FI_") for name in snap.samples):
+                continue
+            gpu = state.gpus.setdefault(snap.entity, GpuHealth())
+            findings = [
+                *self._ecc(snap, gpu),
+                *self._row_remap(snap, gpu),
+                *self._throttle(snap, gpu),
+                *self._nvlink(snap, gpu),
+                *self._vram(snap, gpu),
+            ]
+            labels = topology_labels(snap.labels())
+            for f in findings:
+                if f.transition == "resolve" and not self.emit_resolved:
+                    continue
+                anomalies.append(
+                    make_anomaly(
+                        detector=DETECTOR_NAME,
+                        signal=f.signal,
+                        entity=snap.entity,
+                        entity_kind="gpu",
+                        score=f.score,
+                        threshold=f.threshold,
+                        severity=f.severity,
+                        ts=snap.ts,
+                        labels=labels,
+                        evidence=f.evidence,
+                        status="resolved" if f.transition == "resolve" else "firing",
+                    )
+                )
+        return state, anomalies
+
+    # -- rules
+
+    @staticmethod
+    def _counter(snap: Snapshot, gpu: GpuHealth, name: str, window_s: float) -> tuple[float, float] | None:
+        """Fold a counter's sample (summed over its series) in; return (step increase, window increase)."""
+        samples = snap.samples.get(name)
+        if not samples:
+            return None
+        track = gpu.counters.setdefault(name, CounterTrack())
+        step = track.update(sum(s.value for s in samples), snap.ts, window_s)
+        return step, track.window_increase()
+
+    def _ecc(self, snap: Snapshot, gpu: GpuHealth) -> list[_Finding]:
+        out: list[_Finding] = []
+        sbe = self._counter(snap, gpu, SBE, self.sbe_window_s)
+        if sbe is not None:
+            _, in_window = sbe
+            cond = gpu.conditions.setdefault("ecc_sbe_rate", Condition())
+            change = cond.update(in_window >= self.sbe_threshold, snap.ts, 1)
+            if change is not None:
+                out.append(
+                    _Finding(
+                        "ecc_sbe_rate",
+                        change,
+                        in_window,
+                        self.sbe_threshold,
+                        "warning",
+                        {
+                            "sbe_increase": in_window,
+                            "window_s": self.sbe_window_s,
+                            "sbe_per_hour": in_window * 3600.0 / self.sbe_window_s,
+                            "sbe_total": snap.value(SBE),
+                            "remediation": "drain_node",
+                        },
+                    )
+                )
+        dbe = self._counter(snap, gpu, DBE, self.dbe_hold_s)
+        forget_older(gpu.fired, snap.ts, self.dbe_hold_s)
+        if dbe is not None and dbe[0] > 0 and not held_back(gpu.fired, "ecc_dbe", snap.ts, self.dbe_hold_s):
+            out.append(
+                _Finding(
+                    "ecc_dbe",
+                    "fire",
+                    dbe[0],
+                    1.0,
+                    "critical",
+                    {"dbe_increase": dbe[0], "dbe_total": snap.value(DBE), "remediation": "reset_gpu"},
+                )
+            )
+        return out
+
+    def _row_remap(self, snap: Snapshot, gpu: GpuHealth) -> list[_Finding]:
+        out: list[_Finding] = []
+        rules: tuple[tuple[str, str, Severity, str], ...] = (
+            ("row_remap_pending", REMAP_PENDING, "warning", "reset_gpu"),
+            ("row_remap_failure", REMAP_FAILURE, "critical", "drain_node"),
+        )
+        for signal, metric, severity, remediation in rules:
+            value = snap.value(metric)
+            if value is None:
+                continue
+            change = gpu.conditions.setdefault(signal, Condition()).update(value > 0, snap.ts, 1)
+            if change is not None:
+                evidence = {metric: value, "remediation": remediation}
+                out.append(_Finding(signal, change, value, 1.0, severity, evidence))
+        return out
+
+    def _throttle(self, snap: Snapshot, gpu: GpuHealth) -> list[_Finding]:
+        out: list[_Finding] = []
+        reasons_value = snap.value(*THROTTLE_REASONS)
+        temp = snap.value(GPU_TEMP)
+        reasons = int(reasons_value) if reasons_value is not None else None
+        if reasons is not None or temp is not None:
+            explicit = snap.value(SLOWDOWN_TEMP)
+            slowdown = explicit if explicit else self.slowdown_for(snap.labels().get("modelName", ""))
+            hot = temp is not None and temp >= slowdown - self.temp_margin_c
+            thermal_bits = (reasons or 0) & THERMAL_MASK
+            cond = gpu.conditions.setdefault("gpu_thermal_throttle", Condition())
+            change = cond.update(bool(thermal_bits) or hot, snap.ts, self.thermal_samples)
+            if change is not None:
+                out.append(
+                    _Finding(
+                        "gpu_thermal_throttle",
+                        change,
+                        float(cond.streak),
+                        float(self.thermal_samples),
+                        "warning",
+                        {
+                            "throttle_reasons": reasons,
+                            "reasons": throttle_reason_names(reasons or 0),
+                            "temp_c": temp,
+                            "slowdown_temp_c": slowdown,
+                            "since": cond.since,
+                            "samples": cond.streak,
+                        },
+                    )
+                )
+        if reasons is not None:
+            power_bits = reasons & POWER_MASK
+            cond = gpu.conditions.setdefault("gpu_power_throttle", Condition())
+            change = cond.update(bool(power_bits), snap.ts, self.power_samples)
+            if change is not None:
+                severity: Severity = "warning" if reasons & HW_POWER_BRAKE else "info"
+                out.append(
+                    _Finding(
+                        "gpu_power_throttle",
+                        change,
+                        float(cond.streak),
+                        float(self.power_samples),
+                        severity,
+                        {
+                            "throttle_reasons": reasons,
+                            "reasons": throttle_reason_names(reasons),
+                            "power_w": snap.value("DCGM_FI_DEV_POWER_USAGE"),
+                            "since": cond.since,
+                            "samples": cond.streak,
+                        },
+                    )
+                )
+        return out
+
+    def _nvlink(self, snap: Snapshot, gpu: GpuHealth) -> list[_Finding]:
+        errors: dict[str, float] = {}
+        for metric in NVLINK_ERRORS:
+            counted = self._counter(snap, gpu, metric, self.nvlink_window_s)
+            if counted is not None:
+                errors[metric] = counted[1]
+        recovery = self._counter(snap, gpu, NVLINK_RECOVERY, self.nvlink_window_s)
+        if not errors and recovery is None:
+            return []
+        total = sum(errors.values())
+        recovered = recovery[1] if recovery is not None else 0.0
+        cond = gpu.conditions.setdefault("nvlink_errors", Condition())
+        change = cond.update(total >= self.nvlink_threshold or recovered > 0, snap.ts, 1)
+        if change is None:
+            return []
+        evidence: dict[str, Any] = {
+            "window_s": self.nvlink_window_s,
+            "errors_in_window": total,
+            "recovery_errors_in_window": recovered,
+            "by_counter": errors,
+            "remediation": "reset_gpu",
+        }
+        return [
+            _Finding(
+                "nvlink_errors",
+                change,
+                total,
+                self.nvlink_threshold,
+                "critical" if recovered > 0 else "warning",
+                evidence,
+            )
+        ]
+
+    def _vram(self, snap: Snapshot, gpu: GpuHealth) -> list[_Finding]:
+        used = snap.value(FB_USED)
+        free = snap.value(FB_FREE)
+        if used is None or free is None:
+            return []
+        total = used + free + (snap.value(FB_RESERVED) or 0.0)
+        if total <= 0:
+            return []
+        ratio = used / total
+        cond = gpu.conditions.setdefault("vram_pressure", Condition())
+        change = cond.update(ratio > self.vram_threshold, snap.ts, self.vram_samples)
+        if change is None:
+            return []
+        evidence = {"used_mib": used, "total_mib": total, "used_ratio": ratio, "since": cond.since}
+        return [_Finding("vram_pressure", change, ratio, self.vram_threshold, "warning", evidence)]
