@@ -19,6 +19,8 @@ from services.celery_app import QUEUES
 from services.core.errors import ClusterMedicError
 from services.core.paths import REPO_ROOT
 from services.core.settings import Settings
+from services.ingest import cli as ingest_cli
+from services.simulator import cli as sim_cli
 
 app = typer.Typer(help="ClusterMedic: autonomous SRE for LLM inference clusters.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
@@ -27,6 +29,8 @@ app.add_typer(db_app, name="db")
 app.add_typer(topics_app, name="topics")
 detect_app = typer.Typer(help="Anomaly detectors: train, list models.", no_args_is_help=True)
 app.add_typer(detect_app, name="detect")
+app.add_typer(sim_cli.app, name="sim", help="The GPU inference-cluster simulator.")
+app.add_typer(ingest_cli.app, name="ingest", help="Receivers and watchers that feed the telemetry topics.")
 
 console = Console(stderr=True)
 INFRA = REPO_ROOT / "infra" / "local"

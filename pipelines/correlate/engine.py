@@ -1,0 +1,605 @@
+"""The correlation engine: anomalies and a clock in, incident events and notification decisions out.
+
+The engine is pure. It does no I/O and reads no clock: :meth:`Engine.ingest` takes an anomaly and
+``now``, :meth:`Engine.tick` takes ``now``, and both return the actions due, in time order. Given
+the same config, inputs and ``now`` values it returns the same actions, and its state round-trips
+through :meth:`Engine.to_dict` / :meth:`Engine.from_dict` (JSON-safe), so a restarted Faust worker
+neither loses nor duplicates an incident.
+
+What happens to an anomaly:
+
+1. **alert**: its labels (``alertname`` = signal, ``severity``, ``entity``, ``entity_kind``,
+   ``detector`` plus its own labels) and fingerprint make an alert; the same fingerprint updates the
+   existing alert (last seen, evidence). A resolved anomaly resolves it; so does silence for
+   ``global.resolve_timeout``. Flap detection holds a flapping alert firing.
+2. **route**: the routing tree decides which routes it lands in; on each it becomes *active* once it
+   occurred ``min_occurrences`` times within ``occurrence_window``.
+3. **group**: an active alert joins its route's group (``group_by`` labels); groups are flushed on
+   Alertmanager's timers (``group_wait``, then every ``group_interval``).
+4. **inhibit** and **silence**: at each flush, muted alerts are left out; time intervals can mute
+   the whole route.
+5. **notify**: the notification log decides whether this flush notifies (first, update, repeat,
+   resolved), giving a :class:`Notification`.
+
+Beside the notification path, active alerts are linked into **incidents**: an alert joins the open
+incident holding an alert on the same GPU -> node -> pod -> model path seen within the topology
+window, else opens one (muted alerts join but never open). Incident changes are
+:class:`IncidentEvent` values (opened, updated, mitigated, resolved).
+
+Timers (resolve timeout, flap end, escalation, incident resolution, group flushes) fire in time
+order at their own due time, however coarse the ticks are, so the outcome does not depend on how
+often the driver calls :meth:`Engine.tick`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pipelines.correlate.config import RoutingConfig
+from pipelines.correlate.errors import IncidentNotFound
+from pipelines.correlate.model import (
+    Action,
+    AggrGroup,
+    Alert,
+    Incident,
+    Notification,
+    NotifyEntry,
+    alert_labels,
+    fingerprint,
+    incident_id,
+)
+from pipelines.correlate.routes import Route, build_route_tree
+from pipelines.correlate.silences import Silences
+from pipelines.correlate.stages import (
+    InhibitRule,
+    group_of,
+    inhibited_by,
+    needs_update,
+    route_alert,
+    silenced_by,
+    time_muted,
+)
+from pipelines.correlate.topology import LEVELS, Topology, anchor, tokens
+from services.core.events import SEVERITY_RANK, Anomaly, IncidentEvent
+
+STATE_VERSION = 1
+# How long a notification log entry outlives its group (Alertmanager's default data retention).
+NFLOG_RETENTION_S = 120 * 3600.0
+_SEVERITY_BY_RANK = {rank: name for name, rank in SEVERITY_RANK.items()}
+
+# Timer kinds, in the order they run when due at the same instant: alert state first, so incident
+# checks and flushes see it.
+_TIMEOUT, _FLAP_END, _ESCALATE, _INCIDENT_RESOLVE, _FLUSH = range(5)
+
+
+class Engine:
+    """Alertmanager-style routing, grouping, inhibition and silencing, plus flap detection,
+    occurrence thresholds and topology-correlated incidents.
+
+    Args:
+        config: the validated routing config.
+
+    Attributes:
+        silences: the silence store; add and expire silences through it.
+        alerts: alerts by fingerprint.
+        groups: aggregation groups by group key.
+        incidents: incidents by id (resolved ones are kept for ``correlation.incidents.retention``).
+    """
+
+    def __init__(self, config: RoutingConfig) -> None:
+        self.config = config
+        self.root: Route = build_route_tree(config.route)
+        self._routes: dict[str, Route] = {route.id: route for route in self.root.walk()}
+        self._intervals = config.named_intervals()
+        self._rules = [InhibitRule.of(rule) for rule in config.inhibit_rules]
+        self._receivers = {receiver.name: receiver for receiver in config.receivers}
+        self._max_occurrence_window = max(route.occurrence_window for route in self._routes.values())
+        self.silences = Silences()
+        self.topology = Topology()
+        self.alerts: dict[str, Alert] = {}
+        self.groups: dict[str, AggrGroup] = {}
+        self.nflog: dict[str, NotifyEntry] = {}
+        self.incidents: dict[str, Incident] = {}
+        self.clock: float | None = None
+
+    # ------------------------------------------------------------------------------ public API
+
+    def ingest(self, anomaly: Anomaly, now: float) -> list[Action]:
+        """Take one anomaly at engine time ``now``.
+
+        Timers due up to ``now`` fire first, then the anomaly is applied, then anything it made due
+        immediately (an incident, a group whose wait is already over) happens.
+
+        Returns:
+            The actions due, in the order they happened.
+        """
+        out: list[Action] = []
+        at = self._advance(now, out)
+        self._apply(anomaly, at, out)
+        self._advance(at, out)
+        self._gc(at)
+        return out
+
+    def tick(self, now: float) -> list[Action]:
+        """Fire every timer due up to ``now`` (in time order) and return what they produced."""
+        out: list[Action] = []
+        at = self._advance(now, out)
+        self._gc(at)
+        return out
+
+    def mitigate(self, incident: str, now: float) -> list[Action]:
+        """Mark an incident mitigated (a remediation worked); it resolves when its alerts stay resolved.
+
+        Mitigating an incident that is already mitigated or resolved changes nothing, so a
+        redelivered command is harmless.
+
+        Raises:
+            IncidentNotFound: the engine holds no incident with this id.
+        """
+        if incident not in self.incidents:
+            raise IncidentNotFound(f"no incident {incident!r} (never opened, or resolved and forgotten)")
+        out: list[Action] = []
+        at = self._advance(now, out)
+        inc = self.incidents.get(incident)
+        if inc is not None and inc.state == "open":
+            inc.state = "mitigated"
+            inc.mitigated_at = at
+            inc.updated_at = at
+            out.append(self._incident_event(inc, "mitigated", at))
+        self._gc(at)
+        return out
+
+    def observe_topology(self, labels: Mapping[str, str], now: float) -> None:
+        """Learn topology facts from labels seen elsewhere (e.g. vLLM metrics: ``pod`` + ``model_name``)."""
+        self.topology.learn(labels, now)
+
+    def muted(self, alert: Alert, now: float) -> bool:
+        """Whether an alert is silenced or inhibited at ``now``."""
+        if silenced_by(alert.labels, self.silences, now):
+            return True
+        return inhibited_by(alert, self._rules, self._inhibition_sources()) is not None
+
+    # ------------------------------------------------------------------------------- alerts
+
+    def _apply(self, anomaly: Anomaly, at: float, out: list[Action]) -> None:
+        labels = alert_labels(anomaly)
+        fp = anomaly.fingerprint or fingerprint(labels)
+        alert = self.alerts.get(fp)
+        if alert is None:
+            if anomaly.status == "resolved":
+                return  # nothing known to resolve
+            alert = Alert(
+                fingerprint=fp,
+                labels=labels,
+                entity=anomaly.entity,
+                entity_kind=anomaly.entity_kind,
+                signal=anomaly.signal,
+                detector=anomaly.detector,
+                severity=anomaly.severity,
+                starts_at=anomaly.ts,
+                first_seen=at,
+                routes=[route.id for route in route_alert(self.root, labels)],
+            )
+            self.alerts[fp] = alert
+        self.topology.learn(labels, at, anomaly.entity, anomaly.entity_kind)
+        alert.evidence = dict(anomaly.evidence)
+        alert.score, alert.threshold = anomaly.score, anomaly.threshold
+        severity_changed = alert.severity != anomaly.severity
+        alert.severity = anomaly.severity
+        before = alert.status
+        if anomaly.status == "firing":
+            alert.occurrences.append(at)
+        self._observe(alert, anomaly.status, anomaly.ts, at)
+        self._status_changed(alert, before, at, out, force=severity_changed)
+        if alert.status == "firing":
+            self._activate(alert, at)
+
+    def _observe(self, alert: Alert, raw: str, ts: float, at: float) -> None:
+        """Record what the source says (or the resolve timeout decided) and update flapping."""
+        previous = alert.raw_status
+        if raw == "firing":
+            alert.last_seen = at
+            alert.timeout_at = at + self.config.global_.resolve_timeout
+        else:
+            alert.timeout_at = None
+            alert.raw_ends_at = ts
+        if previous and previous != raw and self.config.correlation.flap_detection.enabled:
+            alert.changes.append(at)
+        alert.raw_status = raw
+        self._refresh(alert, at, ts)
+
+    def _refresh(self, alert: Alert, at: float, ts: float | None = None) -> None:
+        """Re-evaluate flapping (with hysteresis) and the status the pipeline sees."""
+        flap = self.config.correlation.flap_detection
+        if flap.enabled:
+            alert.changes = [c for c in alert.changes if c > at - flap.window]
+            if not alert.flapping and len(alert.changes) >= flap.high:
+                alert.flapping = True
+            elif alert.flapping and len(alert.changes) <= flap.low:
+                alert.flapping = False
+        status = "firing" if alert.raw_status == "firing" or alert.flapping else "resolved"
+        if status == alert.status:
+            return
+        alert.status = status
+        if status == "firing":
+            alert.starts_at = ts if ts is not None else at
+            alert.ends_at = None
+            alert.resolved_at = None
+        else:
+            alert.ends_at = alert.raw_ends_at if alert.raw_ends_at is not None else at
+            alert.resolved_at = at
+            alert.active_routes = []
+            alert.activated_at = None
+
+    def _flap_end(self, alert: Alert) -> float | None:
+        """When the state changes in the window will have dropped to ``low`` (flapping ends)."""
+        if not alert.flapping:
+            return None
+        flap = self.config.correlation.flap_detection
+        if len(alert.changes) <= flap.low:
+            return self.clock
+        return alert.changes[len(alert.changes) - flap.low - 1] + flap.window
+
+    def _status_changed(self, alert: Alert, before: str, at: float, out: list[Action], force: bool = False) -> None:
+        """Tell the alert's incident that a member changed (re-firing reopens a mitigated incident)."""
+        if alert.status == before and not force:
+            return
+        inc = self.incidents.get(alert.incident_id or "")
+        if inc is None or inc.state == "resolved":
+            if alert.status == "firing":
+                alert.incident_id = None  # a new firing episode is linked afresh
+            return
+        if alert.status == "firing" and before != "firing" and inc.state == "mitigated":
+            inc.state = "open"
+        self._rate(inc, at)
+        inc.updated_at = at
+        out.append(self._incident_event(inc, "updated", at))
+
+    def _activate(self, alert: Alert, at: float) -> None:
+        """Route stage thresholds: become active on each route whose N-in-M is met, and join its group."""
+        alert.occurrences = [o for o in alert.occurrences if o >= at - self._max_occurrence_window]
+        for route_id in alert.routes:
+            route = self._routes.get(route_id)
+            if route is None or route_id in alert.active_routes:
+                continue
+            count = sum(1 for o in alert.occurrences if o >= at - route.occurrence_window)
+            if count < route.min_occurrences:
+                continue
+            alert.active_routes.append(route_id)
+            if alert.activated_at is None:
+                alert.activated_at = at
+            self._group_insert(alert, route, at)
+
+    def _group_insert(self, alert: Alert, route: Route, at: float) -> None:
+        key, group_labels = group_of(route, alert.labels)
+        group = self.groups.get(key)
+        if group is None:
+            group = AggrGroup(
+                key=key,
+                route_id=route.id,
+                labels=group_labels,
+                receiver=route.receiver,
+                created_at=at,
+                next_flush=at + route.group_wait,
+            )
+            self.groups[key] = group
+        if alert.fingerprint not in group.fingerprints:
+            group.fingerprints = sorted([*group.fingerprints, alert.fingerprint])
+        # As Alertmanager does: an alert that started longer than group_wait ago does not wait again.
+        if not group.has_flushed and alert.starts_at + route.group_wait < at:
+            group.next_flush = min(group.next_flush, at)
+
+    def _inhibition_sources(self) -> list[Alert]:
+        return [a for _, a in sorted(self.alerts.items()) if a.status == "firing" and a.active_routes]
+
+    # -------------------------------------------------------------------------------- timers
+
+    def _next_timer(self, limit: float) -> tuple[float, int, str] | None:
+        best: tuple[float, int, str] | None = None
+
+        def offer(due: float | None, kind: int, key: str) -> None:
+            nonlocal best
+            if due is not None and due <= limit and (best is None or (due, kind, key) < best):
+                best = (due, kind, key)
+
+        for fp, alert in self.alerts.items():
+            if alert.raw_status == "firing":
+                offer(alert.timeout_at, _TIMEOUT, fp)
+            offer(self._flap_end(alert), _FLAP_END, fp)
+        escalation = self.config.correlation.incidents.escalation
+        resolve_after = self.config.correlation.incidents.resolve_after
+        for iid, inc in self.incidents.items():
+            if inc.state == "resolved":
+                continue
+            members = [self.alerts[fp] for fp in inc.members if fp in self.alerts]
+            if escalation.after is not None and inc.severity != "critical" and not inc.escalation:
+                offer(inc.opened_at + escalation.after, _ESCALATE, iid)
+            if members and all(m.status == "resolved" for m in members):
+                offer(max(m.resolved_at or 0.0 for m in members) + resolve_after, _INCIDENT_RESOLVE, iid)
+        for key, group in self.groups.items():
+            offer(group.next_flush, _FLUSH, key)
+        return best
+
+    def _advance(self, now: float, out: list[Action]) -> float:
+        """Fire timers due up to ``now`` in order, each at its own due time; return the engine time."""
+        target = now if self.clock is None else max(now, self.clock)
+        if self.clock is None:
+            self.clock = target
+        while (timer := self._next_timer(target)) is not None:
+            due, kind, key = timer
+            at = max(due, self.clock)
+            self.clock = at
+            if kind == _TIMEOUT:
+                alert = self.alerts[key]
+                before = alert.status
+                self._observe(alert, "resolved", alert.timeout_at or at, at)
+                self._status_changed(alert, before, at, out)
+            elif kind == _FLAP_END:
+                alert = self.alerts[key]
+                before = alert.status
+                self._refresh(alert, at)
+                self._status_changed(alert, before, at, out)
+            elif kind == _ESCALATE:
+                inc = self.incidents[key]
+                inc.escalation = inc.escalation or "checked"
+                if self._rate(inc, at):
+                    inc.updated_at = at
+                    out.append(self._incident_event(inc, "updated", at))
+            elif kind == _INCIDENT_RESOLVE:
+                inc = self.incidents[key]
+                inc.state = "resolved"
+                inc.resolved_at = at
+                inc.updated_at = at
+                out.append(self._incident_event(inc, "resolved", at))
+            else:
+                self._flush(self.groups[key], at, out)
+            self._attach(at, out)
+        self.clock = target
+        self._attach(target, out)
+        return target
+
+    # ---------------------------------------------------------------------- group -> notify
+
+    def _flush(self, group: AggrGroup, at: float, out: list[Action]) -> None:
+        """Flush one group: inhibit -> time intervals -> silence -> notify decision; drop resolved alerts."""
+        route = self._routes.get(group.route_id)
+        if route is None:  # the config changed under a restored state
+            del self.groups[group.key]
+            return
+        members = [self.alerts[fp] for fp in group.fingerprints if fp in self.alerts]
+        sources = self._inhibition_sources()
+        visible = [a for a in members if inhibited_by(a, self._rules, sources) is None]
+        muted_now = time_muted(route, self._intervals, at)
+        visible = [a for a in visible if not silenced_by(a.labels, self.silences, at)]
+        if visible and not muted_now:
+            receiver = self._receivers[group.receiver]
+            firing = sorted(a.fingerprint for a in visible if a.status == "firing")
+            resolved = sorted(a.fingerprint for a in visible if a.status == "resolved")
+            entry = self.nflog.get(group.key)
+            reason = needs_update(
+                entry,
+                firing,
+                resolved,
+                send_resolved=receiver.send_resolved,
+                repeat_interval=route.repeat_interval,
+                now=at,
+            )
+            if reason is not None:
+                self.nflog[group.key] = NotifyEntry(group.key, firing, resolved, at)
+                send = [a for a in visible if a.status == "firing" or receiver.send_resolved]
+                if send:
+                    out.append(self._notification(group, reason, send, at))
+        group.fingerprints = [
+            fp for fp in group.fingerprints if fp in self.alerts and self.alerts[fp].status == "firing"
+        ]
+        if not group.fingerprints:
+            del self.groups[group.key]
+            return
+        group.has_flushed = True
+        group.next_flush = at + route.group_interval
+
+    def _notification(self, group: AggrGroup, reason: str, alerts: list[Alert], at: float) -> Notification:
+        alerts = sorted(alerts, key=lambda a: (a.status != "firing", a.starts_at, a.fingerprint))
+        linked = {a.incident_id for a in alerts if a.incident_id}
+        incidents = sorted(
+            linked,
+            key=lambda iid: (self.incidents[iid].opened_at if iid in self.incidents else float("inf"), iid),
+        )
+        return Notification(
+            receiver=group.receiver,
+            group_key=group.key,
+            group_labels=group.labels,
+            incident_id=incidents[0] if incidents else "",
+            incident_ids=tuple(incidents),
+            status="firing" if any(a.status == "firing" for a in alerts) else "resolved",
+            reason=reason,  # type: ignore[arg-type]
+            alerts=tuple(a.ref() for a in alerts),
+            ts=at,
+        )
+
+    # ----------------------------------------------------------------------------- incidents
+
+    def _open_incident_of(self, alert: Alert) -> Incident | None:
+        inc = self.incidents.get(alert.incident_id or "")
+        return inc if inc is not None and inc.state != "resolved" else None
+
+    def _attach(self, at: float, out: list[Action]) -> None:
+        """Link every active firing alert that has no open incident: join a related one, or open one."""
+        waiting = [
+            a
+            for a in self.alerts.values()
+            if a.status == "firing" and a.active_routes and self._open_incident_of(a) is None
+        ]
+        for alert in sorted(waiting, key=lambda a: (a.activated_at or 0.0, a.fingerprint)):
+            inc = self._related_incident(alert, at)
+            if inc is not None:
+                inc.members.append(alert.fingerprint)
+                alert.incident_id = inc.id
+                if alert.status == "firing" and inc.state == "mitigated":
+                    inc.state = "open"
+                self._rate(inc, at)
+                inc.updated_at = at
+                out.append(self._incident_event(inc, "updated", at))
+            elif not self.muted(alert, at):
+                route = self._routes[alert.active_routes[0]]
+                key, _ = group_of(route, alert.labels)
+                inc = Incident(
+                    id=incident_id(key, alert.fingerprint, at),
+                    group_key=key,
+                    opened_at=at,
+                    severity=alert.severity,
+                    members=[alert.fingerprint],
+                    updated_at=at,
+                )
+                self.incidents[inc.id] = inc
+                alert.incident_id = inc.id
+                self._rate(inc, at)
+                out.append(self._incident_event(inc, "opened", at))
+
+    def _related_incident(self, alert: Alert, at: float) -> Incident | None:
+        """The oldest open incident with a member on the alert's topology path, seen within the window."""
+        topo = self.config.correlation.topology
+        mine = anchor(alert.labels, alert.entity, alert.entity_kind)
+        candidates = sorted(
+            (inc for inc in self.incidents.values() if inc.state != "resolved"), key=lambda i: (i.opened_at, i.id)
+        )
+        for inc in candidates:
+            for fp in inc.members:
+                member = self.alerts.get(fp)
+                if member is None or member.fingerprint == alert.fingerprint:
+                    continue
+                recent = member.status == "firing" or (
+                    member.resolved_at is not None and member.resolved_at >= at - topo.window
+                )
+                if not recent:
+                    continue
+                theirs = anchor(member.labels, member.entity, member.entity_kind)
+                # With topology off, only alerts about the very same entity share an incident.
+                if theirs == mine or (topo.enabled and self.topology.related(mine, theirs)):
+                    return inc
+        return None
+
+    def _rate(self, inc: Incident, at: float) -> bool:
+        """Recompute an incident's severity; return whether it changed.
+
+        Severity is the highest of the firing, unmuted members and never goes down while the
+        incident lives. It escalates to critical when ``warning_members`` such members are warning
+        or worse, or when the incident has had one for ``after`` seconds.
+        """
+        escalation = self.config.correlation.incidents.escalation
+        counted = [
+            m
+            for m in (self.alerts.get(fp) for fp in inc.members)
+            if m is not None and m.status == "firing" and not self.muted(m, at)
+        ]
+        rank = SEVERITY_RANK.get(inc.severity, 0)
+        for member in counted:
+            rank = max(rank, SEVERITY_RANK.get(member.severity, 0))
+        critical = SEVERITY_RANK["critical"]
+        if rank < critical and counted:
+            warnings = sum(1 for m in counted if SEVERITY_RANK.get(m.severity, 0) >= SEVERITY_RANK["warning"])
+            if escalation.warning_members is not None and warnings >= escalation.warning_members:
+                rank, inc.escalation = critical, "warning_members"
+            elif escalation.after is not None and at >= inc.opened_at + escalation.after:
+                rank, inc.escalation = critical, "duration"
+        severity = _SEVERITY_BY_RANK[rank]
+        changed = severity != inc.severity
+        inc.severity = severity
+        return changed
+
+    def _incident_event(self, inc: Incident, kind: str, at: float) -> IncidentEvent:
+        members = [self.alerts[fp] for fp in inc.members if fp in self.alerts]
+        first = members[0] if members else None
+        title = f"{first.signal} on {first.entity}" if first else inc.id
+        if len(members) > 1:
+            title += f" (+{len(members) - 1} related)"
+        found: dict[str, set[str]] = {level: set() for level in LEVELS}
+        for member in members:
+            for level, names in tokens(member.labels, member.entity, member.entity_kind).items():
+                found[level] |= {name.partition(":")[2] for name in names}
+        labels = {level: ",".join(sorted(names)) for level, names in found.items() if names}
+        labels["state"] = inc.state
+        if inc.escalation and inc.escalation != "checked":
+            labels["escalation"] = inc.escalation
+        return IncidentEvent(
+            incident_id=inc.id,
+            kind=kind,  # type: ignore[arg-type]
+            severity=inc.severity,  # type: ignore[arg-type]
+            title=title,
+            group_key=inc.group_key,
+            labels=labels,
+            alerts=tuple(m.ref() for m in members),
+            opened_at=inc.opened_at,
+            ts=at,
+        )
+
+    # ------------------------------------------------------------------------------- cleanup
+
+    def _gc(self, at: float) -> None:
+        """Forget what can no longer matter: old resolved alerts, incidents, log entries, silences, facts."""
+        corr = self.config.correlation
+        keep = max(corr.flap_detection.window, self._max_occurrence_window, corr.topology.window)
+        grouped = {fp for group in self.groups.values() for fp in group.fingerprints}
+        for fp in [fp for fp, a in self.alerts.items() if self._forgettable(a, at, keep, grouped)]:
+            del self.alerts[fp]
+        retention = corr.incidents.retention
+        self.incidents = {
+            iid: inc
+            for iid, inc in self.incidents.items()
+            if inc.state != "resolved" or inc.resolved_at is None or at - inc.resolved_at < retention
+        }
+        self.nflog = {
+            key: entry for key, entry in self.nflog.items() if key in self.groups or at - entry.ts < NFLOG_RETENTION_S
+        }
+        self.silences.gc(at)
+        self.topology.forget(at, corr.topology.fact_ttl)
+
+    def _forgettable(self, alert: Alert, at: float, keep: float, grouped: set[str]) -> bool:
+        if alert.status == "firing" or alert.raw_status == "firing" or alert.flapping:
+            return False
+        if alert.fingerprint in grouped or self._open_incident_of(alert) is not None:
+            return False
+        return alert.resolved_at is not None and at - alert.resolved_at >= keep
+
+    # --------------------------------------------------------------------------------- state
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole state as JSON-safe data (the config is not included; pass it to :meth:`from_dict`)."""
+        return {
+            "version": STATE_VERSION,
+            "clock": self.clock,
+            "alerts": [a.to_dict() for _, a in sorted(self.alerts.items())],
+            "groups": [g.to_dict() for _, g in sorted(self.groups.items())],
+            "nflog": [e.to_dict() for _, e in sorted(self.nflog.items())],
+            "incidents": [i.to_dict() for _, i in sorted(self.incidents.items())],
+            "silences": self.silences.to_dict(),
+            "topology": self.topology.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, config: RoutingConfig, data: Mapping[str, Any]) -> Engine:
+        """Rebuild an engine from :meth:`to_dict` output and the (possibly reloaded) config.
+
+        Routes that no longer exist in the config are dropped from alerts and groups.
+        """
+        engine = cls(config)
+        engine.clock = data.get("clock")
+        for raw in data.get("alerts", []):
+            alert = Alert.from_dict(raw)
+            alert.routes = [r for r in alert.routes if r in engine._routes]
+            alert.active_routes = [r for r in alert.active_routes if r in engine._routes]
+            engine.alerts[alert.fingerprint] = alert
+        for raw in data.get("groups", []):
+            group = AggrGroup.from_dict(raw)
+            if group.route_id in engine._routes and group.receiver in engine._receivers:
+                engine.groups[group.key] = group
+        for raw in data.get("nflog", []):
+            entry = NotifyEntry.from_dict(raw)
+            engine.nflog[entry.group_key] = entry
+        for raw in data.get("incidents", []):
+            inc = Incident.from_dict(raw)
+            engine.incidents[inc.id] = inc
+        engine.silences = Silences.from_dict(data.get("silences", []))
+        engine.topology = Topology.from_dict(data.get("topology", {}))
+        return engine

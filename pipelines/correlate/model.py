@@ -1,0 +1,210 @@
+"""The engine's records: alerts, aggregation groups, notification log entries, incidents, and the
+:class:`Notification` decision it returns.
+
+Records are plain dataclasses holding only JSON-safe values, so the whole engine state round-trips
+through ``json.dumps`` (a restarted worker resumes exactly where the last one stopped).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from services.core.events import AlertRef, Anomaly, IncidentEvent
+
+R = TypeVar("R", bound="Record")
+
+Status = Literal["firing", "resolved"]
+IncidentState = Literal["open", "mitigated", "resolved"]
+NotifyReason = Literal["first", "update", "repeat", "resolved"]
+
+_FNV64_OFFSET = 0xCBF29CE484222325
+_FNV64_PRIME = 0x100000001B3
+_SEPARATOR = b"\xff"
+
+
+def fingerprint(labels: Mapping[str, str]) -> str:
+    """Alertmanager's fingerprint of a label set: FNV-1a 64 over sorted ``name 0xff value 0xff``, as hex.
+
+    The same label set always gives the same 16-hex-digit string, whatever the insertion order.
+    """
+    h = _FNV64_OFFSET
+    for name in sorted(labels):
+        for chunk in (name.encode(), _SEPARATOR, labels[name].encode(), _SEPARATOR):
+            for byte in chunk:
+                h ^= byte
+                h = (h * _FNV64_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def alert_labels(anomaly: Anomaly) -> dict[str, str]:
+    """An anomaly's labels as an alert's: its own labels (empty values dropped, as Prometheus does)
+    plus ``alertname`` (the signal), ``severity``, ``entity``, ``entity_kind`` and ``detector``,
+    which win over labels of the same name."""
+    labels = {k: v for k, v in anomaly.labels.items() if v != ""}
+    labels.update(
+        alertname=anomaly.signal,
+        severity=anomaly.severity,
+        entity=anomaly.entity,
+        entity_kind=anomaly.entity_kind,
+        detector=anomaly.detector,
+    )
+    return dict(sorted(labels.items()))
+
+
+class Record:
+    """Base of the dataclass records: ``to_dict`` / ``from_dict`` through JSON-safe fields."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A deep, JSON-safe copy."""
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored, missing ones take their defaults."""
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        # Deep copy: the engine mutates its records, and must not mutate the caller's state dict.
+        return cls(**{k: copy.deepcopy(v) for k, v in data.items() if k in names})
+
+
+@dataclass
+class Alert(Record):
+    """One deduplicated alert: every anomaly with the same fingerprint updates it.
+
+    ``status`` is what the pipeline acts on; ``raw_status`` is what the last anomaly (or the resolve
+    timeout) said. They differ only while the alert flaps: then it is held firing.
+    """
+
+    fingerprint: str
+    labels: dict[str, str]
+    entity: str
+    entity_kind: str
+    signal: str
+    detector: str
+    severity: str
+    starts_at: float
+    status: str = "resolved"
+    raw_status: str = ""
+    ends_at: float | None = None
+    raw_ends_at: float | None = None
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+    resolved_at: float | None = None
+    timeout_at: float | None = None
+    score: float = 0.0
+    threshold: float = 0.0
+    evidence: dict[str, Any] = field(default_factory=dict)
+    routes: list[str] = field(default_factory=list)
+    active_routes: list[str] = field(default_factory=list)
+    activated_at: float | None = None
+    occurrences: list[float] = field(default_factory=list)
+    changes: list[float] = field(default_factory=list)
+    flapping: bool = False
+    incident_id: str | None = None
+
+    def ref(self) -> AlertRef:
+        """The alert as linked to incidents and notifications, with its own evidence.
+
+        While the alert flaps, its evidence also says so (``flapping``, ``state_changes``).
+        """
+        evidence = dict(self.evidence)
+        if self.flapping:
+            evidence.update(flapping=True, state_changes=len(self.changes))
+        return AlertRef(
+            fingerprint=self.fingerprint,
+            entity=self.entity,
+            signal=self.signal,
+            detector=self.detector,
+            severity=self.severity,  # type: ignore[arg-type]
+            status=self.status,  # type: ignore[arg-type]
+            starts_at=self.starts_at,
+            labels=self.labels,
+            evidence=evidence,
+        )
+
+
+@dataclass
+class AggrGroup(Record):
+    """Alertmanager's aggregation group: the alerts of one route with equal ``group_by`` labels."""
+
+    key: str
+    route_id: str
+    labels: dict[str, str]
+    receiver: str
+    created_at: float
+    next_flush: float
+    has_flushed: bool = False
+    fingerprints: list[str] = field(default_factory=list)
+
+
+@dataclass
+class NotifyEntry(Record):
+    """What was last notified for a group (Alertmanager's notification log entry)."""
+
+    group_key: str
+    firing: list[str]
+    resolved: list[str]
+    ts: float
+
+
+@dataclass
+class Incident(Record):
+    """Alerts that belong together; each stays linked with its own evidence, none is merged away."""
+
+    id: str
+    group_key: str
+    opened_at: float
+    severity: str
+    members: list[str] = field(default_factory=list)
+    state: str = "open"
+    updated_at: float = 0.0
+    mitigated_at: float | None = None
+    resolved_at: float | None = None
+    escalation: str = ""
+
+
+def incident_id(group_key: str, first_fingerprint: str, opened_at: float) -> str:
+    """A deterministic incident id: the first alert's group and fingerprint and the opening time.
+
+    A replay of the same input (same config, same ``now`` values) produces the same ids.
+    """
+    digest = hashlib.sha256(f"{group_key}\x00{first_fingerprint}\x00{opened_at!r}".encode()).hexdigest()
+    return f"inc-{digest[:20]}"
+
+
+class Notification(BaseModel):
+    """The notify stage's decision: send this group's alerts to this receiver, and why.
+
+    Attributes:
+        receiver: receiver name from routing.yaml.
+        group_key: the aggregation group (route id and group labels).
+        group_labels: the ``group_by`` labels of the group.
+        incident_id: the incident of the group's alerts (the earliest opened, when they are several).
+        incident_ids: every incident the alerts belong to.
+        status: ``firing`` when any alert fires, else ``resolved``.
+        reason: ``first`` (nothing firing was notified before), ``update`` (alerts added or resolved),
+            ``repeat`` (unchanged, repeat_interval passed) or ``resolved`` (everything resolved).
+        alerts: the alerts to send (muted ones left out; resolved ones only if the receiver wants them).
+        ts: engine time of the decision.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    receiver: str
+    group_key: str
+    group_labels: dict[str, str]
+    incident_id: str
+    incident_ids: tuple[str, ...] = ()
+    status: Status
+    reason: NotifyReason
+    alerts: tuple[AlertRef, ...]
+    ts: float
+
+
+Action = IncidentEvent | Notification
+"""What the engine returns: incident lifecycle events and notification decisions."""

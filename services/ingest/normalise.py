@@ -1,0 +1,532 @@
+"""From what Prometheus, Loki, Alertmanager and Kubernetes send to ClusterMedic's telemetry events.
+
+Every function here is pure (no I/O, no clock unless a ``now`` is passed) and raises
+:class:`~services.ingest.errors.RejectedInput` for input it cannot accept, with a message that says
+what is wrong. Labels and values are kept as received: counters stay cumulative and histograms stay
+``_bucket``/``_sum``/``_count`` series, so detectors compute rates downstream without losing anything.
+
+Entity keys decide the Kafka partition, so every signal about one thing lands on one partition:
+
+- a ``DCGM_FI_*`` series with a ``UUID`` label: the GPU UUID;
+- else the ``pod`` label; else the node: ``node``, ``Hostname`` (DCGM exporter), ``hostname``
+  (newer DCGM exporter), ``instance``; else ``model_name``/``model``; else ``job``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import json
+import math
+import re
+import struct
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import cramjam
+from google.protobuf.message import DecodeError as ProtobufDecodeError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from services.core.events import Anomaly, KubeEvent, LogRecord, MetricBatch, ObjectRef, Severity
+from services.ingest.errors import RejectedInput
+from services.ingest.protowire import PushRequest, WriteRequest
+
+if TYPE_CHECKING:
+    from services.ingest.fastwrite import SeriesCache
+
+EntityKind = Literal["gpu", "node", "pod", "model", "service", "other"]
+
+NODE_LABELS = ("node", "Hostname", "hostname", "instance")
+_MODEL_LABELS = ("model_name", "model")
+
+
+def entity_of(labels: Mapping[str, str], name: str = "") -> tuple[str, EntityKind]:
+    """Return the entity a series (or stream, or alert) is about, and its kind.
+
+    Args:
+        labels: the series labels (``__name__`` may be among them).
+        name: the metric name, when it is not in ``labels``.
+    """
+    name = name or labels.get("__name__", "")
+    uuid = labels.get("UUID")
+    if uuid and name.startswith("DCGM_FI_"):
+        return uuid, "gpu"
+    pod = labels.get("pod")
+    if pod:
+        return pod, "pod"
+    for label in NODE_LABELS:
+        value = labels.get(label)
+        if value:
+            return value, "node"
+    for label in _MODEL_LABELS:
+        value = labels.get(label)
+        if value:
+            return value, "model"
+    job = labels.get("job")
+    if job:
+        return job, "service"
+    return "unknown", "other"
+
+
+# ------------------------------------------------------------------------------ compression
+
+
+def snappy_block(body: bytes, max_bytes: int) -> bytes:
+    """Decompress a snappy block-format body, refusing one that would exceed ``max_bytes``.
+
+    The block format starts with the uncompressed length as a varint, so the size is checked before
+    any memory is spent on it.
+    """
+    length, shift = 0, 0
+    for i, byte in enumerate(body[:10]):
+        length |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            break
+        if i == 9:
+            raise RejectedInput("body is not snappy block format: bad length header", reason="snappy")
+    else:
+        raise RejectedInput("body is not snappy block format: empty or truncated", reason="snappy")
+    if length > max_bytes:
+        raise RejectedInput(
+            f"decompressed body would be {length} bytes, over the {max_bytes}-byte limit",
+            status=413,
+            reason="too_large",
+        )
+    try:
+        return bytes(cramjam.snappy.decompress_raw(body))
+    except Exception as exc:  # cramjam raises its own DecompressionError (not exported with a stable name)
+        raise RejectedInput(f"body is not snappy block format: {exc}", reason="snappy") from exc
+
+
+def inflate(body: bytes, encoding: str, max_bytes: int) -> bytes:
+    """Undo a ``Content-Encoding`` of ``gzip``, ``deflate`` or none, bounded by ``max_bytes``."""
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise RejectedInput(f"unsupported Content-Encoding {encoding!r}", status=415, reason="encoding")
+    wbits = 16 + zlib.MAX_WBITS if encoding != "deflate" else zlib.MAX_WBITS
+    decomp = zlib.decompressobj(wbits)
+    try:
+        out = decomp.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise RejectedInput(f"body is not valid {encoding}: {exc}", reason="encoding") from exc
+    if len(out) > max_bytes or decomp.unconsumed_tail:
+        raise RejectedInput(f"decompressed body is over the {max_bytes}-byte limit", status=413, reason="too_large")
+    if not decomp.eof:
+        raise RejectedInput(f"body is truncated {encoding}", reason="encoding")
+    return out
+
+
+def gzip_json(payload: object) -> bytes:
+    """Gzip a JSON document (for tests and clients that push compressed JSON)."""
+    return gzip.compress(json.dumps(payload).encode())
+
+
+# ---------------------------------------------------------------------------- remote_write
+
+
+def metric_batches(
+    series: Iterable[tuple[dict[str, str], Sequence[tuple[float, float]]]],
+    *,
+    source: str,
+    max_samples: int,
+) -> tuple[list[MetricBatch], int]:
+    """Group samples into one :class:`MetricBatch` per entity (split at ``max_samples``).
+
+    Args:
+        series: ``(labels with __name__, [(value, ts seconds), ...])`` per series.
+        source: recorded in each batch (``remote_write``, ``scrape``, ``query_range``).
+        max_samples: most samples per batch, so one message stays well under Kafka's 1 MB.
+
+    Returns:
+        The batches and how many samples were dropped because their value is not finite (NaN
+        staleness markers, infinities: JSON has no number for them).
+    """
+    by_entity: dict[str, list[dict[str, Any]]] = {}
+    dropped = 0
+    for labels, samples in series:
+        name = labels.pop("__name__")
+        entity = entity_of(labels, name)[0]
+        bucket = by_entity.setdefault(entity, [])
+        for value, ts in samples:
+            if not math.isfinite(value):
+                dropped += 1
+                continue
+            bucket.append({"name": name, "labels": labels, "value": value, "ts": ts})
+    batches = []
+    for entity, samples_ in by_entity.items():
+        for start in range(0, len(samples_), max_samples):
+            chunk = samples_[start : start + max_samples]
+            batches.append(MetricBatch.model_validate({"entity": entity, "source": source, "samples": chunk}))
+    return batches, dropped
+
+
+def remote_write(
+    body: bytes, *, max_decompressed: int, max_samples: int, cache: SeriesCache | None = None
+) -> tuple[list[MetricBatch], int, int]:
+    """Decode a remote_write 1.0 body (snappy block of a ``prometheus.WriteRequest``).
+
+    Every series must have a non-empty ``__name__`` and unique, non-empty label names; a request
+    with one bad series is rejected whole (400), as Prometheus does not retry 4xx answers.
+
+    Returns:
+        ``(batches, samples accepted, samples dropped as non-finite)``.
+
+    Raises:
+        RejectedInput: not snappy, not a WriteRequest, too large, or a series is invalid.
+    """
+    from services.ingest.fastwrite import SeriesCache, walk_write_request
+
+    raw = snappy_block(body, max_decompressed)
+    try:
+        WriteRequest.FromString(raw)  # validates framing and UTF-8 in C; the walk then trusts both
+    except ProtobufDecodeError as exc:
+        raise RejectedInput(f"body is not a prometheus.WriteRequest: {exc}", reason="protobuf") from exc
+    try:
+        batches, accepted, dropped = walk_write_request(raw, cache or SeriesCache(), max_samples=max_samples)
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:  # cannot happen after upb said yes
+        raise RejectedInput(f"body is not a prometheus.WriteRequest: {exc}", reason="protobuf") from exc
+    return list(batches), accepted, dropped
+
+
+def encode_remote_write(series: Iterable[tuple[Mapping[str, str], Sequence[tuple[float, int]]]]) -> bytes:
+    """Encode ``(labels, [(value, ts ms)])`` as a snappy-compressed WriteRequest (tests, bench)."""
+    request = WriteRequest()
+    for labels, samples in series:
+        ts = request.timeseries.add()
+        for name in sorted(labels):
+            ts.labels.add(name=name, value=labels[name])
+        for value, ms in samples:
+            ts.samples.add(value=value, timestamp=ms)
+    return bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+
+
+# ------------------------------------------------------------------------------------ Loki
+
+_LABEL_PAIR = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_.]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|\})', re.S)
+_UNESCAPE = {"\\": "\\", '"': '"', "n": "\n", "t": "\t"}
+
+
+def parse_stream_labels(text: str) -> dict[str, str]:
+    """Parse a Loki stream selector ``{app="api", env="prod"}`` into a dict.
+
+    Raises:
+        RejectedInput: the text is not a ``{name="value", ...}`` selector.
+    """
+    text = text.strip()
+    if not text.startswith("{"):
+        raise RejectedInput(f"stream labels {text[:80]!r} do not start with '{{'", reason="labels")
+    labels: dict[str, str] = {}
+    pos = 1
+    if text[1:].strip() == "}":
+        return labels
+    while True:
+        match = _LABEL_PAIR.match(text, pos)
+        if not match:
+            raise RejectedInput(f"cannot parse stream labels {text[:80]!r} at offset {pos}", reason="labels")
+        name, raw_value, sep = match.groups()
+        labels[name] = re.sub(r"\\(.)", lambda m: _UNESCAPE.get(m.group(1), m.group(1)), raw_value)
+        pos = match.end()
+        if sep == "}":
+            break
+    if text[pos:].strip():
+        raise RejectedInput(f"trailing text after stream labels {text[:80]!r}", reason="labels")
+    return labels
+
+
+def _log_record(stream: dict[str, str], line: str, ts: float) -> LogRecord:
+    entity, kind = entity_of(stream)
+    return LogRecord(stream=stream, line=line, ts=ts, entity=entity if kind != "other" else "")
+
+
+def _check_stream(index: int, stream: dict[str, str]) -> None:
+    if not stream:
+        raise RejectedInput(f"stream {index}: at least one label pair is required", reason="labels")
+
+
+def loki_json(raw: bytes) -> list[LogRecord]:
+    """Decode a Loki JSON push body ``{"streams": [{"stream": {...}, "values": [["<ns>", "line"]]}]}``.
+
+    A third element of a value (structured metadata) is accepted and not kept: LogRecord has no field
+    for it.
+
+    Raises:
+        RejectedInput: not JSON, or not the documented shape.
+    """
+    try:
+        payload = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RejectedInput(f"body is not JSON: {exc}", reason="json") from exc
+    if not isinstance(payload, dict) or not isinstance(payload.get("streams"), list):
+        raise RejectedInput('body must be an object with a "streams" list', reason="schema")
+    records: list[LogRecord] = []
+    for i, item in enumerate(payload["streams"]):
+        if not isinstance(item, dict):
+            raise RejectedInput(f"streams[{i}] is not an object", reason="schema")
+        stream = item.get("stream", {})
+        values = item.get("values")
+        if not isinstance(stream, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in stream.items()
+        ):
+            raise RejectedInput(f"streams[{i}].stream must map label names to strings", reason="schema")
+        _check_stream(i, stream)
+        if not isinstance(values, list):
+            raise RejectedInput(f"streams[{i}].values must be a list", reason="schema")
+        for j, value in enumerate(values):
+            if (
+                not isinstance(value, list)
+                or len(value) not in (2, 3)
+                or not isinstance(value[0], str)
+                or not isinstance(value[1], str)
+                or (len(value) == 3 and not isinstance(value[2], dict))
+            ):
+                raise RejectedInput(
+                    f'streams[{i}].values[{j}] must be ["<unix ns>", "<line>"] or with a metadata object',
+                    reason="schema",
+                )
+            if not value[0].isdigit() or not value[0].isascii() or len(value[0]) > 20:
+                raise RejectedInput(
+                    f"streams[{i}].values[{j}]: timestamp {value[0][:30]!r} is not unix nanoseconds",
+                    reason="timestamp",
+                )
+            records.append(_log_record(dict(stream), value[1], int(value[0]) / 1e9))
+    return records
+
+
+def loki_protobuf(body: bytes, *, max_decompressed: int) -> list[LogRecord]:
+    """Decode a Loki protobuf push body (snappy block of a ``logproto.PushRequest``).
+
+    Raises:
+        RejectedInput: not snappy, not a PushRequest, or stream labels that do not parse.
+    """
+    raw = snappy_block(body, max_decompressed)
+    try:
+        request = PushRequest.FromString(raw)
+    except ProtobufDecodeError as exc:
+        raise RejectedInput(f"body is not a logproto.PushRequest: {exc}", reason="protobuf") from exc
+    records: list[LogRecord] = []
+    for i, stream in enumerate(request.streams):
+        labels = parse_stream_labels(stream.labels)
+        _check_stream(i, labels)
+        for entry in stream.entries:
+            ts = entry.timestamp.seconds + entry.timestamp.nanos / 1e9
+            records.append(_log_record(dict(labels), entry.line, ts))
+    return records
+
+
+def encode_loki_protobuf(streams: Iterable[tuple[str, Sequence[tuple[int, str]]]]) -> bytes:
+    """Encode ``(label selector, [(unix ns, line)])`` as a snappy PushRequest (tests, bench)."""
+    request = PushRequest()
+    for labels, entries in streams:
+        stream = request.streams.add(labels=labels)
+        for ns, line in entries:
+            entry = stream.entries.add(line=line)
+            entry.timestamp.seconds, entry.timestamp.nanos = divmod(ns, 1_000_000_000)
+    return bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+
+
+# ---------------------------------------------------------------------------- Alertmanager
+
+_RFC3339 = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:\d{2})$")
+
+
+def parse_rfc3339(text: str) -> float:
+    """Parse an RFC 3339 time with up to nanosecond precision (as Go writes it) to UNIX seconds.
+
+    Raises:
+        ValueError: not RFC 3339.
+    """
+    match = _RFC3339.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not an RFC 3339 time")
+    year, month, day, hour, minute, second, frac, zone = match.groups()
+    tz = dt.UTC
+    if zone not in ("Z", "z"):
+        sign = 1 if zone[0] == "+" else -1
+        tz = dt.timezone(sign * dt.timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6])))
+    moment = dt.datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), tzinfo=tz)
+    return moment.timestamp() + (float(f"0.{frac}") if frac else 0.0)
+
+
+class WebhookAlert(BaseModel):
+    """One alert of an Alertmanager webhook v4 payload."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    status: Literal["firing", "resolved"]
+    labels: dict[str, str]
+    annotations: dict[str, str] = Field(default_factory=dict)
+    startsAt: str
+    endsAt: str = ""
+    generatorURL: str = ""
+    fingerprint: str = ""
+
+
+class WebhookPayload(BaseModel):
+    """Alertmanager's webhook v4 body (https://prometheus.io/docs/alerting/latest/configuration/#webhook_config)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    version: Literal["4"]
+    groupKey: str
+    truncatedAlerts: int = 0
+    status: Literal["firing", "resolved"]
+    receiver: str = ""
+    groupLabels: dict[str, str] = Field(default_factory=dict)
+    commonLabels: dict[str, str] = Field(default_factory=dict)
+    commonAnnotations: dict[str, str] = Field(default_factory=dict)
+    externalURL: str = ""
+    alerts: list[WebhookAlert]
+
+
+_SEVERITY: dict[str, Severity] = {
+    "critical": "critical",
+    "page": "critical",
+    "error": "critical",
+    "high": "critical",
+    "major": "critical",
+    "warning": "warning",
+    "warn": "warning",
+    "medium": "warning",
+    "minor": "warning",
+    "info": "info",
+    "informational": "info",
+    "low": "info",
+    "none": "info",
+}
+
+
+def severity_of(labels: Mapping[str, str]) -> Severity:
+    """Map an alert's ``severity`` label to ClusterMedic's three levels (unknown: warning)."""
+    return _SEVERITY.get(labels.get("severity", "").strip().lower(), "warning")
+
+
+def alertmanager_webhook(raw: bytes) -> list[tuple[str, Anomaly]]:
+    """Turn an Alertmanager webhook v4 body into one :class:`Anomaly` per alert.
+
+    Returns:
+        ``(dedup key, anomaly)`` pairs. The dedup key is group key + fingerprint + status + startsAt:
+        Alertmanager delivers at least once (HA peers, repeat_interval), and a redelivery of the same
+        alert state carries the same four values. The anomaly's ``fingerprint`` is Alertmanager's
+        fingerprint with startsAt and status, so downstream dedup is idempotent too.
+
+    Raises:
+        RejectedInput: not JSON or not a webhook v4 payload.
+    """
+    try:
+        payload = WebhookPayload.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "<root>"
+        why = "json" if first["type"] == "json_invalid" else "schema"
+        raise RejectedInput(
+            f"not an Alertmanager webhook v4 payload: {where}: {first['msg']} ({exc.error_count()} errors)",
+            reason=why,
+        ) from exc
+    out: list[tuple[str, Anomaly]] = []
+    for i, alert in enumerate(payload.alerts):
+        try:
+            starts = parse_rfc3339(alert.startsAt)
+            ends = parse_rfc3339(alert.endsAt) if alert.endsAt else 0.0
+        except ValueError as exc:
+            raise RejectedInput(f"alerts[{i}]: {exc}", reason="timestamp") from exc
+        signal = alert.labels.get("alertname", "")
+        if not signal:
+            raise RejectedInput(f"alerts[{i}]: no alertname label", reason="labels")
+        kind: EntityKind
+        entity, kind = entity_of(alert.labels)
+        if alert.labels.get("UUID"):  # a GPU alert (DCGM rules keep the UUID label): the GPU's partition
+            entity, kind = alert.labels["UUID"], "gpu"
+        elif kind == "other":
+            entity = signal
+        fingerprint = alert.fingerprint or _label_fingerprint(alert.labels)
+        resolved = alert.status == "resolved"
+        anomaly = Anomaly(
+            entity=entity,
+            entity_kind=kind,
+            signal=signal,
+            detector="alertmanager",
+            score=0.0 if resolved else 1.0,
+            threshold=1.0,
+            severity=severity_of(alert.labels),
+            status=alert.status,
+            ts=ends if resolved and ends > 0 else starts,
+            labels=alert.labels,
+            evidence={
+                "annotations": alert.annotations,
+                "starts_at": alert.startsAt,
+                "ends_at": alert.endsAt,
+                "generator_url": alert.generatorURL,
+                "alertmanager_fingerprint": fingerprint,
+                "group_key": payload.groupKey,
+                "receiver": payload.receiver,
+                "external_url": payload.externalURL,
+            },
+            fingerprint=f"alertmanager:{fingerprint}:{alert.startsAt}:{alert.status}",
+        )
+        out.append((json.dumps([payload.groupKey, fingerprint, alert.status, alert.startsAt]), anomaly))
+    return out
+
+
+def _label_fingerprint(labels: Mapping[str, str]) -> str:
+    # only for senders that omit the fingerprint; Alertmanager always sends one
+    return f"{zlib.crc32(json.dumps(sorted(labels.items())).encode()):08x}"
+
+
+# ------------------------------------------------------------------------------ Kubernetes
+
+
+def kube_event(obj: Mapping[str, Any]) -> KubeEvent:
+    """Normalise a core/v1 ``Event`` or an events.k8s.io/v1 ``Event`` (camelCase JSON) to a KubeEvent.
+
+    Raises:
+        RejectedInput: the object has no involved/regarding object or no reason.
+    """
+    regarding = obj.get("regarding") or obj.get("involvedObject") or {}
+    if not isinstance(regarding, Mapping) or not regarding.get("kind") or not regarding.get("name"):
+        raise RejectedInput("event has no involvedObject/regarding kind and name", reason="schema")
+    reason = obj.get("reason") or ""
+    if not isinstance(reason, str) or not reason:
+        raise RejectedInput("event has no reason", reason="schema")
+    series = obj.get("series") or {}
+    count = obj.get("count") or (series.get("count") if isinstance(series, Mapping) else None)
+    count = count or obj.get("deprecatedCount") or 1
+    stamp = (
+        (series.get("lastObservedTime") if isinstance(series, Mapping) else None)
+        or obj.get("lastTimestamp")
+        or obj.get("deprecatedLastTimestamp")
+        or obj.get("eventTime")
+        or obj.get("firstTimestamp")
+        or obj.get("deprecatedFirstTimestamp")
+        or (obj.get("metadata") or {}).get("creationTimestamp")
+    )
+    try:
+        ts = parse_rfc3339(stamp) if isinstance(stamp, str) else 0.0
+    except ValueError as exc:
+        raise RejectedInput(f"event time: {exc}", reason="timestamp") from exc
+    source = obj.get("source") or obj.get("deprecatedSource") or {}
+    host = source.get("host", "") if isinstance(source, Mapping) else ""
+    kind = str(regarding["kind"])
+    node = str(regarding["name"]) if kind == "Node" else str(host or "")
+    component = obj.get("reportingController") or (source.get("component") if isinstance(source, Mapping) else "")
+    event_type: Literal["Normal", "Warning"] = "Warning" if obj.get("type") == "Warning" else "Normal"
+    try:
+        return KubeEvent(
+            reason=reason,
+            type=event_type,
+            involved_object=ObjectRef(
+                kind=kind,
+                name=str(regarding["name"]),
+                namespace=str(regarding.get("namespace") or ""),
+                uid=str(regarding.get("uid") or ""),
+            ),
+            message=str(obj.get("note") or obj.get("message") or ""),
+            count=max(1, int(count)),
+            ts=ts,
+            node=node,
+            source_component=str(component or ""),
+        )
+    except (ValidationError, TypeError, ValueError) as exc:
+        raise RejectedInput(f"event does not normalise: {exc}", reason="schema") from exc

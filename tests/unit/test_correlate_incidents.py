@@ -1,0 +1,364 @@
+"""Incidents: topology correlation, lifecycle, severity escalation, deterministic ids, and state that
+survives a restart mid-timeline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines.correlate.config import loads_routing
+from pipelines.correlate.engine import Engine
+from pipelines.correlate.errors import IncidentNotFound
+from pipelines.correlate.model import Notification
+from pipelines.correlate.silences import Silence
+from pipelines.correlate.topology import Topology, anchor
+from services.core.events import Anomaly, IncidentEvent
+
+CONFIG = """
+global: {resolve_timeout: 1h}
+route:
+  receiver: sre
+  group_by: [alertname]
+  group_wait: 30s
+  group_interval: 5m
+  repeat_interval: 4h
+receivers:
+  - name: sre
+    webhook_configs: [{url: "http://hooks.local/sre"}]
+inhibit_rules:
+  - source_matchers: ['alertname="node_not_ready"']
+    target_matchers: ['alertname!="node_not_ready"', 'node!=""']
+    equal: [node]
+correlation:
+  flap_detection: {enabled: false}
+  topology: {window: 10m}
+  incidents:
+    resolve_after: %(resolve)s
+    escalation: {warning_members: %(k)s, after: %(after)s}
+"""
+
+NS = "llm-serving"
+NODE = "gpu-node-3"
+POD = "vllm-llama-7d9f-abcde"
+MODEL = "llama-3-8b"
+GPU = "GPU-5d4c3b2a-0000-1111-2222-333344445555"
+
+
+def engine(k: str = "null", after: str = "null", resolve: str = "5m") -> Engine:
+    return Engine(loads_routing(CONFIG % {"k": k, "after": after, "resolve": resolve}))
+
+
+def anomaly(signal: str, entity: str, kind: str, ts: float = 0.0, **fields: object) -> Anomaly:
+    base: dict[str, object] = {
+        "entity": entity,
+        "entity_kind": kind,
+        "signal": signal,
+        "detector": "rules",
+        "score": 1.0,
+        "threshold": 0.5,
+        "severity": "warning",
+        "ts": ts,
+    }
+    return Anomaly.model_validate({**base, **fields})
+
+
+def xid(ts: float = 0.0, **kw: object) -> Anomaly:
+    # DCGM exporter labels of the GPU, with the pod the exporter maps onto it
+    labels = {"UUID": GPU, "gpu": "2", "Hostname": NODE, "pod": POD, "namespace": NS, "modelName": "NVIDIA H100"}
+    return anomaly(
+        "gpu_xid",
+        GPU,
+        "gpu",
+        ts,
+        severity="critical",
+        labels=labels,
+        evidence={"xid": 79, "message": "GPU has fallen off the bus"},
+        **kw,
+    )
+
+
+def crashloop(ts: float = 0.0, **kw: object) -> Anomaly:
+    return anomaly(
+        "pod_crashloop",
+        POD,
+        "pod",
+        ts,
+        detector="kube_events",
+        labels={"namespace": NS, "pod": POD, "node": NODE, "app": "vllm-llama"},
+        evidence={"restarts": 5, "reason": "BackOff"},
+        **kw,
+    )
+
+
+def slo_burn(ts: float = 0.0, **kw: object) -> Anomaly:
+    return anomaly(
+        "ttft_slo_burn", MODEL, "model", ts, labels={"model_name": MODEL}, evidence={"burn_rate_1h": 14.4}, **kw
+    )
+
+
+def kube_event(ts: float = 0.0, **kw: object) -> Anomaly:
+    return anomaly(
+        "kube_warning_event",
+        f"Pod/{NS}/{POD}",
+        "other",
+        ts,
+        detector="kube_events",
+        labels={"namespace": NS, "pod": POD, "reason": "Unhealthy"},
+        evidence={"message": "Readiness probe failed"},
+        **kw,
+    )
+
+
+def incident_events(actions: list) -> list[IncidentEvent]:
+    return [a for a in actions if isinstance(a, IncidentEvent)]
+
+
+def vllm_labels() -> dict[str, str]:
+    # what a vLLM /metrics scrape of the pod says: which model it serves
+    return {"model_name": MODEL, "pod": POD, "namespace": NS}
+
+
+# ---------------------------------------------------------------------------------- topology
+
+
+def test_gpu_pod_model_and_kube_event_alerts_join_one_incident():
+    eng = engine()
+    eng.observe_topology(vllm_labels(), 0)
+    (opened,) = incident_events(eng.ingest(xid(0), 0))
+    assert opened.kind == "opened" and opened.severity == "critical"
+    events = []
+    for t, a in ((20, crashloop(20)), (40, slo_burn(40)), (60, kube_event(60))):
+        events += incident_events(eng.ingest(a, t))
+    assert [e.kind for e in events] == ["updated"] * 3
+    assert {e.incident_id for e in events} == {opened.incident_id}
+    last = events[-1]
+    # every alert stays linked, with its own evidence
+    assert [a.signal for a in last.alerts] == ["gpu_xid", "pod_crashloop", "ttft_slo_burn", "kube_warning_event"]
+    assert last.alerts[0].evidence["xid"] == 79 and last.alerts[2].evidence["burn_rate_1h"] == 14.4
+    assert last.title == f"gpu_xid on {GPU} (+3 related)"
+    assert last.labels["node"] == NODE and last.labels["pod"] == POD and MODEL in last.labels["model"]
+    assert len(eng.incidents) == 1
+
+
+def test_alerts_elsewhere_open_their_own_incidents():
+    eng = engine()
+    eng.observe_topology(vllm_labels(), 0)
+    eng.ingest(xid(0), 0)
+    other_node = anomaly("gpu_ecc_dbe", "GPU-other", "gpu", 10, labels={"UUID": "GPU-other", "Hostname": "gpu-node-9"})
+    other_model = anomaly("ttft_slo_burn", "mistral-7b", "model", 20, labels={"model_name": "mistral-7b"})
+    (a,) = incident_events(eng.ingest(other_node, 10))
+    (b,) = incident_events(eng.ingest(other_model, 20))
+    assert a.kind == b.kind == "opened" and len(eng.incidents) == 3
+
+
+def test_relation_rules_between_anchors():
+    topo = Topology()
+    topo.learn({"UUID": "G1", "Hostname": "n1", "pod": "p1"}, 0)
+    topo.learn({"UUID": "G2", "Hostname": "n1", "pod": "p1"}, 0)
+    topo.learn({"UUID": "G3", "Hostname": "n2", "pod": "p2"}, 0)
+    topo.learn({"pod": "p1", "model_name": "m"}, 0)
+    topo.learn({"pod": "p2", "model_name": "m"}, 0)
+    g1, g2, g3 = (anchor({"UUID": g}, g, "gpu") for g in ("G1", "G2", "G3"))
+    p1, p2 = (anchor({"pod": p}, p, "pod") for p in ("p1", "p2"))
+    model = anchor({"model_name": "m"}, "m", "model")
+    # on one chain
+    assert topo.related(g1, p1) and topo.related(g1, model) and topo.related(anchor({}, "n1", "node"), g2)
+    assert topo.related(model, g3)
+    # one node is one failure domain; replicas of one model are one service
+    assert topo.related(g1, g2) and topo.related(p1, p2)
+    # GPUs on different nodes meet only through an alert on what they share (here: the model)
+    assert not topo.related(g1, g3)
+    assert not topo.related(g1, anchor({}, "n2", "node"))
+    assert not topo.related(anchor({}, "x", "other"), anchor({}, "y", "other"))
+    assert topo.related(anchor({}, "x", "other"), anchor({}, "x", "other"))
+    assert Topology.from_dict(topo.to_dict()).to_dict() == topo.to_dict()
+
+
+def test_a_related_alert_after_the_window_opens_a_new_incident():
+    def gpu_incident_resolved_at_100() -> Engine:
+        eng = engine(resolve="1h")  # the incident itself stays open; only the window matters
+        eng.ingest(xid(0), 0)
+        eng.ingest(xid(100, status="resolved"), 100)
+        return eng
+
+    # 100 + 10m window: the GPU alert no longer pulls related alerts in
+    (late,) = incident_events(gpu_incident_resolved_at_100().ingest(crashloop(701), 701))
+    assert late.kind == "opened"
+    (joined,) = incident_events(gpu_incident_resolved_at_100().ingest(crashloop(699), 699))
+    assert joined.kind == "updated"
+
+
+# --------------------------------------------------------------------------------- lifecycle
+
+
+def test_lifecycle_opened_updated_mitigated_resolved():
+    eng = engine()
+    (opened,) = incident_events(eng.ingest(crashloop(0), 0))
+    iid = opened.incident_id
+    (updated,) = incident_events(eng.ingest(kube_event(10), 10))
+    assert updated.kind == "updated" and len(updated.alerts) == 2
+    (mitigated,) = incident_events(eng.mitigate(iid, 20))
+    assert mitigated.kind == "mitigated" and mitigated.labels["state"] == "mitigated"
+    assert eng.mitigate(iid, 21) == []  # redelivered: nothing new
+    eng.ingest(crashloop(30, status="resolved"), 30)
+    eng.ingest(kube_event(40, status="resolved"), 40)
+    # resolved only when every alert has stayed resolved for resolve_after (5m) after the last one
+    assert not [e for e in incident_events(eng.tick(339)) if e.kind == "resolved"]
+    (resolved,) = [e for e in incident_events(eng.tick(340)) if e.kind == "resolved"]
+    assert resolved.ts == 340 and all(a.status == "resolved" for a in resolved.alerts)
+    # the same failure later is a new incident with a new id
+    (again,) = [e for e in incident_events(eng.ingest(crashloop(1000), 1000)) if e.kind == "opened"]
+    assert again.incident_id != iid
+    with pytest.raises(IncidentNotFound):
+        eng.mitigate("inc-nope", 1000)
+
+
+def test_a_member_firing_again_before_resolution_keeps_the_incident_open():
+    eng = engine()
+    (opened,) = incident_events(eng.ingest(crashloop(0), 0))
+    eng.mitigate(opened.incident_id, 5)
+    eng.ingest(crashloop(10, status="resolved"), 10)
+    (refired,) = incident_events(eng.ingest(crashloop(200), 200))
+    assert refired.kind == "updated" and refired.incident_id == opened.incident_id
+    assert refired.labels["state"] == "open"  # mitigation did not hold
+    assert not [e for e in incident_events(eng.tick(2000)) if e.kind == "resolved"]
+
+
+def test_notifications_name_the_incident():
+    eng = engine()
+    (opened,) = incident_events(eng.ingest(crashloop(0), 0))
+    (note,) = [a for a in eng.tick(30) if isinstance(a, Notification)]
+    assert note.incident_id == opened.incident_id and note.incident_ids == (opened.incident_id,)
+
+
+def test_inhibited_alerts_join_the_node_incident_but_never_open_one():
+    eng = engine()
+    node_down = anomaly("node_not_ready", NODE, "node", 0, severity="critical", labels={"node": NODE})
+    (opened,) = incident_events(eng.ingest(node_down, 0))
+    (joined,) = incident_events(eng.ingest(crashloop(10), 10))
+    assert joined.incident_id == opened.incident_id
+    # a silenced node-down alert opens nothing, yet still inhibits (as in Alertmanager), so the pod
+    # alert it explains opens nothing either
+    eng2 = engine()
+    eng2.silences.add(Silence.of(['node="gpu-node-7"', 'alertname="node_not_ready"'], starts_at=0, ends_at=900))
+    node7 = anomaly("node_not_ready", "gpu-node-7", "node", 0, severity="critical", labels={"node": "gpu-node-7"})
+    assert incident_events(eng2.ingest(node7, 0)) == []
+    pod = anomaly("pod_crashloop", "p7", "pod", 10, labels={"node": "gpu-node-7", "pod": "p7"})
+    assert incident_events(eng2.ingest(pod, 10)) == []
+    assert [a for a in eng2.tick(600) if isinstance(a, Notification)] == []
+
+
+def test_silenced_alert_opens_no_incident_until_the_silence_ends():
+    eng = engine()
+    eng.silences.add(Silence.of([f'pod="{POD}"'], starts_at=0, ends_at=300, created_by="ana", comment="rollout"))
+    assert incident_events(eng.ingest(crashloop(0), 0)) == []
+    assert incident_events(eng.ingest(crashloop(200), 200)) == []
+    (opened,) = incident_events(eng.tick(300))
+    assert opened.kind == "opened" and opened.ts == 300
+
+
+# -------------------------------------------------------------------------------- severity
+
+
+def test_three_warning_members_escalate_to_critical():
+    eng = engine(k="3")
+    (opened,) = incident_events(eng.ingest(crashloop(0), 0))
+    assert opened.severity == "warning"
+    (two,) = incident_events(eng.ingest(kube_event(10), 10))
+    assert two.severity == "warning"
+    eng.observe_topology(vllm_labels(), 15)
+    (three,) = incident_events(eng.ingest(slo_burn(20), 20))
+    assert three.severity == "critical" and three.labels["escalation"] == "warning_members"
+
+
+def test_a_long_warning_incident_escalates_after_the_duration():
+    eng = engine(after="30m")
+    eng.ingest(crashloop(0), 0)
+    for t in range(600, 1800, 600):
+        eng.ingest(crashloop(t), t)  # still firing
+    assert incident_events(eng.tick(1799)) == []
+    (escalated,) = incident_events(eng.tick(1800))
+    assert escalated.kind == "updated" and escalated.severity == "critical" and escalated.ts == 1800
+    assert escalated.labels["escalation"] == "duration"
+
+
+def test_severity_is_the_highest_member_and_does_not_drop():
+    eng = engine()
+    (opened,) = incident_events(eng.ingest(crashloop(0), 0))
+    (up,) = incident_events(eng.ingest(xid(5), 5))
+    assert (opened.severity, up.severity) == ("warning", "critical")
+    (down,) = incident_events(eng.ingest(xid(10, status="resolved"), 10))
+    assert down.severity == "critical"
+
+
+# ------------------------------------------------------------------------ determinism, restarts
+
+
+def timeline() -> list[tuple[float, Anomaly | None]]:
+    """A mixed timeline: ``None`` means a tick."""
+    steps: list[tuple[float, Anomaly | None]] = [
+        (0, xid(0)),
+        (15, crashloop(15)),
+        (30, None),
+        (45, slo_burn(45)),
+        (50, kube_event(50)),
+        (200, anomaly("gpu_ecc_dbe", "GPU-x", "gpu", 200, labels={"UUID": "GPU-x", "Hostname": "gpu-node-9"})),
+        (330, None),
+        (400, crashloop(400, status="resolved")),
+        (700, None),
+        (900, xid(900, status="resolved")),
+        (950, slo_burn(950, status="resolved")),
+        (960, kube_event(960, status="resolved")),
+        (1300, None),
+        (5000, None),
+        (20000, None),
+    ]
+    return steps
+
+
+def run(eng: Engine, steps: list[tuple[float, Anomaly | None]], restart_after: int | None = None) -> list:
+    out: list = []
+    eng.observe_topology(vllm_labels(), 0)
+    config = eng.config
+    for i, (t, a) in enumerate(steps):
+        out += eng.tick(t) if a is None else eng.ingest(a, t)
+        if restart_after is not None and i == restart_after:
+            state = json.loads(json.dumps(eng.to_dict()))  # JSON-safe, as a Faust table would store it
+            eng = Engine.from_dict(config, state)
+    return out
+
+
+def test_replay_gives_the_same_ids_and_actions():
+    first = run(engine(k="3"), timeline())
+    second = run(engine(k="3"), timeline())
+    assert first == second
+    ids = {a.incident_id for a in first if isinstance(a, IncidentEvent)}
+    assert len(ids) == 2 and all(i.startswith("inc-") for i in ids)
+    kinds = [a.kind for a in first if isinstance(a, IncidentEvent)]
+    assert kinds.count("opened") == 2 and kinds.count("resolved") == 2
+
+
+@pytest.mark.parametrize("restart_after", range(len(timeline())))
+def test_restart_from_serialised_state_continues_identically(restart_after):
+    assert run(engine(k="3"), timeline(), restart_after) == run(engine(k="3"), timeline())
+
+
+def test_state_is_json_safe_and_round_trips():
+    eng = engine()
+    eng.silences.add(Silence.of(['pod="x"'], starts_at=0, ends_at=100))
+    run(eng, timeline()[:6])
+    state = eng.to_dict()
+    assert json.loads(json.dumps(state)) == state
+    assert Engine.from_dict(eng.config, state).to_dict() == state
+    frozen = json.dumps(state, sort_keys=True)
+    restored = Engine.from_dict(eng.config, state)
+    run(restored, timeline()[6:])
+    assert json.dumps(state, sort_keys=True) == frozen  # the restored engine does not write into its input
+
+
+def test_forgotten_state_stays_small():
+    eng = engine()
+    run(eng, timeline())
+    eng.tick(200_000)
+    assert eng.alerts == {} and eng.groups == {} and eng.incidents == {}
