@@ -51,18 +51,20 @@ def vectors_from_batches(batches: Iterable[MetricBatch]) -> Baseline:
     return baseline
 
 
-def simulator_baseline(seed: int, duration_s: float, scenario: str = "baseline") -> Baseline:
-    """Run the simulator without faults and collect its metric batches."""
+def simulator_baseline(seeds: Iterable[int], duration_s: float, scenario: str = "baseline") -> Baseline:
+    """Run the simulator without faults once per seed (each seed draws another cluster and load)."""
     from services.simulator.scenario import load_scenario
     from services.simulator.simulator import Simulator
 
-    sim = Simulator(load_scenario(scenario), seed=seed)
     batches: list[MetricBatch] = []
-    try:
-        while sim.t < duration_s:
-            batches.extend(e for e in sim.step() if isinstance(e, MetricBatch))
-    finally:
-        sim.close()
+    for seed in seeds:
+        sim = Simulator(load_scenario(scenario), seed=seed)
+        try:
+            while sim.t < duration_s:
+                # entity names embed the seed's random suffixes, so series of different seeds never mix
+                batches.extend(e for e in sim.step() if isinstance(e, MetricBatch))
+        finally:
+            sim.close()
     return vectors_from_batches(batches)
 
 
@@ -83,6 +85,7 @@ def train_and_store(
     contamination: float = 0.005,
     lstm_window: int = 12,
     lstm_epochs: int = 8,
+    lstm_max_series: int = 24,
 ) -> TrainingReport:
     """Train both learned detectors for every entity class in the baseline and store new versions."""
     from services.store.detector_models import save_model
@@ -103,6 +106,8 @@ def train_and_store(
             threshold=forest.threshold,
         )
         series = [np.array(s, dtype=np.float64) for s in per_entity.values() if len(s) >= lstm_window + 10]
+        # the LSTM learns dynamics, not the fleet: a bounded, evenly spread subset keeps training short
+        series = series[:: max(1, len(series) // lstm_max_series)][:lstm_max_series]
         if series:
             log.info("training lstm for %s on %d series", cls, len(series))
             seq = lstm.train(cls, series, window=lstm_window, epochs=lstm_epochs, contamination=contamination)

@@ -25,7 +25,7 @@ from services.core.settings import Settings
 
 QUEUES = ("default", "remediation", "verify", "notify")
 
-app = Celery("clustermedic")
+app = Celery("clustermedic", include=["services.remediation.tasks"])
 
 
 def configure(settings: Settings) -> Celery:

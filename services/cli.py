@@ -20,6 +20,7 @@ from services.core.errors import ClusterMedicError
 from services.core.paths import REPO_ROOT
 from services.core.settings import Settings
 from services.ingest import cli as ingest_cli
+from services.remediation import cli as remediation_cli
 from services.simulator import cli as sim_cli
 
 app = typer.Typer(help="ClusterMedic: autonomous SRE for LLM inference clusters.", no_args_is_help=True)
@@ -31,6 +32,9 @@ detect_app = typer.Typer(help="Anomaly detectors: train, list models.", no_args_
 app.add_typer(detect_app, name="detect")
 app.add_typer(sim_cli.app, name="sim", help="The GPU inference-cluster simulator.")
 app.add_typer(ingest_cli.app, name="ingest", help="Receivers and watchers that feed the telemetry topics.")
+app.add_typer(remediation_cli.app, name="remediation", help="Remediation runs, playbooks and policy.")
+app.command("approve")(remediation_cli.approve)
+app.command("reject")(remediation_cli.reject)
 
 console = Console(stderr=True)
 INFRA = REPO_ROOT / "infra" / "local"
@@ -142,7 +146,7 @@ def pipeline(
 @detect_app.command("train")
 def detect_train(
     source: Annotated[str, typer.Option(help="simulator (a fault-free run) or kafka (not yet).")] = "simulator",
-    seed: Annotated[int, typer.Option(help="Simulator seed.")] = 1,
+    seeds: Annotated[str, typer.Option(help="Simulator seeds, e.g. 1-4 or 1,5,9 (each is another cluster).")] = "1-4",
     duration: Annotated[float, typer.Option(help="Simulated seconds of baseline.")] = 3600.0,
     scenario: Annotated[str, typer.Option(help="Fault-free scenario to run.")] = "baseline",
 ) -> None:
@@ -153,13 +157,14 @@ def detect_train(
     if source != "simulator":
         console.print("only --source simulator is implemented so far")
         raise typer.Exit(2)
-    console.print(f"[detect] simulating {duration:.0f} s of fault-free '{scenario}' (seed {seed})...")
-    baseline = simulator_baseline(seed, duration, scenario)
+    seed_list = parse_seeds(seeds)
+    console.print(f"[detect] simulating {duration:.0f} s of fault-free '{scenario}' for seeds {seeds}...")
+    baseline = simulator_baseline(seed_list, duration, scenario)
     console.print(f"[detect] {baseline.scrapes} scrapes; training...")
     report = train_and_store(
         settings,
         baseline,
-        source=f"simulator:{scenario}:seed={seed}:{duration:.0f}s",
+        source=f"simulator:{scenario}:seeds={seeds}:{duration:.0f}s",
         contamination=settings.detect_contamination,
     )
     for key, version in sorted(report.versions.items()):
@@ -208,6 +213,18 @@ def demo() -> None:
         console.print("[red]smoke flow FAILED: not every event arrived or the malformed one was not dead-lettered")
         raise typer.Exit(1)
     out.print(f"[green]smoke flow OK: {len(result.received)} events arrived, malformed input dead-lettered")
+
+
+def parse_seeds(spec: str) -> list[int]:
+    """``"1-4"`` -> [1, 2, 3, 4]; ``"1,5,9"`` -> [1, 5, 9]; both forms mix."""
+    seeds: list[int] = []
+    try:
+        for part in spec.split(","):
+            low, _, high = part.strip().partition("-")
+            seeds.extend(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise typer.BadParameter(f"seeds must look like 1-4 or 1,5,9, not {spec!r}") from None
+    return seeds
 
 
 def main() -> None:

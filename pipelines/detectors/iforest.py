@@ -6,8 +6,9 @@ One model per entity class (``gpu``, ``pod``) is trained on scrapes judged norma
 falls back to a rolling median/MAD z-score per entity, so a fresh installation still catches gross
 outliers.
 
-An anomaly needs ``persistence`` consecutive scrapes over the threshold: one noisy scrape is not an
-incident.
+Per-scrape verdicts become anomalies through an episode policy (pipelines.detectors.episodes): no
+verdicts during an entity's warm-up, ``persistence`` consecutive scrapes over the line to start an
+episode, and ``rearm`` calm scrapes to end it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from pipelines.detectors.episodes import Episode, EpisodePolicy
 from pipelines.detectors.scaling import MAD_TO_SIGMA, Matrix, RobustScaler
 from pipelines.features import FEATURES_BY_CLASS, FeatureVector
 from services.core.events import Anomaly, EntityKind
@@ -83,8 +85,7 @@ class EntityHistory:
     """Per-entity memory: recent rows for the fallback and the current run of exceedances."""
 
     rows: list[list[float]] = field(default_factory=list)
-    streak: int = 0
-    firing: bool = False
+    episode: Episode = field(default_factory=Episode)
 
 
 @dataclass
@@ -96,7 +97,7 @@ class IForestState:
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (NaN written as None)."""
         return {
-            e: {"rows": [[None if v != v else v for v in r] for r in h.rows], "streak": h.streak, "firing": h.firing}
+            e: {"rows": [[None if v != v else v for v in r] for r in h.rows], "episode": h.episode.to_dict()}
             for e, h in self.entities.items()
         }
 
@@ -107,8 +108,7 @@ class IForestState:
             {
                 e: EntityHistory(
                     rows=[[float("nan") if v is None else float(v) for v in r] for r in h["rows"]],
-                    streak=int(h["streak"]),
-                    firing=bool(h["firing"]),
+                    episode=Episode.from_dict(h["episode"]),
                 )
                 for e, h in data.items()
             }
@@ -120,7 +120,7 @@ class IsolationForestDetector:
 
     Args:
         models: trained models by entity class; missing classes use the robust fallback.
-        persistence: consecutive scrapes over the threshold before an anomaly is raised.
+        episodes: warm-up, persistence and re-arming (see pipelines.detectors.episodes).
         z_limit: robust z (against the training data) that alone makes a scrape anomalous.
         fallback_z: robust z-score the fallback needs on some feature.
         fallback_history: rows the fallback keeps per entity (and needs half of before judging).
@@ -133,13 +133,13 @@ class IsolationForestDetector:
         self,
         models: Mapping[str, TrainedIForest] | None = None,
         *,
-        persistence: int = 2,
+        episodes: EpisodePolicy | None = None,
         z_limit: float = 10.0,
         fallback_z: float = 8.0,
         fallback_history: int = 40,
     ) -> None:
         self.models = dict(models or {})
-        self.persistence = persistence
+        self.episodes = episodes or EpisodePolicy()
         self.z_limit = z_limit
         self.fallback_z = fallback_z
         self.fallback_history = fallback_history
@@ -169,13 +169,7 @@ class IsolationForestDetector:
             ):
                 history = state.entities.setdefault(vector.entity, EntityHistory())
                 history.rows = [*history.rows, row.tolist()][-self.fallback_history :]
-                if score > threshold:
-                    history.streak += 1
-                else:
-                    history.streak = 0
-                    history.firing = False
-                if history.streak >= self.persistence and not history.firing:
-                    history.firing = True
+                if history.episode.update(bool(score > threshold), self.episodes):
                     anomalies.append(self._anomaly(vector, float(score), float(threshold), deviation, model))
         return state, anomalies
 

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from pipelines.detectors.episodes import Episode, EpisodePolicy
 from pipelines.detectors.iforest import topology_labels
 from pipelines.detectors.scaling import Matrix, RobustScaler
 from pipelines.features import FEATURES_BY_CLASS, FeatureVector
@@ -117,15 +118,13 @@ class LstmState:
     """Recent rows per entity and whether its anomaly is already raised."""
 
     windows: dict[str, list[list[float]]] = field(default_factory=dict)
-    streak: dict[str, int] = field(default_factory=dict)
-    firing: dict[str, bool] = field(default_factory=dict)
+    episodes: dict[str, Episode] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (NaN written as None)."""
         return {
             "windows": {e: [[None if v != v else v for v in r] for r in w] for e, w in self.windows.items()},
-            "streak": self.streak,
-            "firing": self.firing,
+            "episodes": {e: ep.to_dict() for e, ep in self.episodes.items()},
         }
 
     @classmethod
@@ -136,8 +135,7 @@ class LstmState:
                 e: [[float("nan") if v is None else float(v) for v in r] for r in w]
                 for e, w in data.get("windows", {}).items()
             },
-            streak={e: int(v) for e, v in data.get("streak", {}).items()},
-            firing={e: bool(v) for e, v in data.get("firing", {}).items()},
+            episodes={e: Episode.from_dict(v) for e, v in data.get("episodes", {}).items()},
         )
 
 
@@ -146,15 +144,18 @@ class LstmDetector:
 
     Args:
         models: trained models by entity class.
-        persistence: consecutive scrapes over the threshold before an anomaly is raised.
+        episodes: warm-up, persistence and re-arming (see pipelines.detectors.episodes); the warm-up
+            counts full windows, so it starts after ``window`` scrapes.
     """
 
     name: ClassVar[str] = "lstm"
     consumes: ClassVar[type] = FeatureVector
 
-    def __init__(self, models: Mapping[str, TrainedLSTM] | None = None, *, persistence: int = 2) -> None:
+    def __init__(
+        self, models: Mapping[str, TrainedLSTM] | None = None, *, episodes: EpisodePolicy | None = None
+    ) -> None:
         self.models = dict(models or {})
-        self.persistence = persistence
+        self.episodes = episodes or EpisodePolicy(warmup=4)
 
     def initial_state(self) -> LstmState:
         """No entity seen yet."""
@@ -178,14 +179,8 @@ class LstmDetector:
             model = self.models[cls]
             scores = model.score_segments([segment for _, segment in items])
             for (vector, segment), score in zip(items, scores, strict=True):
-                entity = vector.entity
-                if score > model.threshold:
-                    state.streak[entity] = state.streak.get(entity, 0) + 1
-                else:
-                    state.streak[entity] = 0
-                    state.firing[entity] = False
-                if state.streak[entity] >= self.persistence and not state.firing.get(entity, False):
-                    state.firing[entity] = True
+                episode = state.episodes.setdefault(vector.entity, Episode())
+                if episode.update(bool(score > model.threshold), self.episodes):
                     anomalies.append(self._anomaly(vector, float(score), model, segment))
         return state, anomalies
 

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from pipelines.detectors import iforest
+from pipelines.detectors.episodes import EpisodePolicy
 from pipelines.detectors.iforest import IForestState, IsolationForestDetector
 from pipelines.features import GPU_FEATURES, FeatureVector
 
@@ -23,7 +24,7 @@ def model() -> iforest.TrainedIForest:
 
 
 def test_a_hot_gpu_is_an_outlier_after_persistence_and_fires_once(model):
-    detector = IsolationForestDetector({"gpu": model}, persistence=2)
+    detector = IsolationForestDetector({"gpu": model}, episodes=EpisodePolicy(warmup=0, persistence=2))
     state = detector.initial_state()
     fired = []
     for t in range(6):
@@ -46,7 +47,7 @@ def test_normal_scrapes_rarely_fire(model):
 
 
 def test_evidence_names_the_feature_that_moved(model):
-    detector = IsolationForestDetector({"gpu": model}, persistence=1)
+    detector = IsolationForestDetector({"gpu": model}, episodes=EpisodePolicy(warmup=0, persistence=1))
     _, anomalies = detector.detect([_vector("GPU-1", 0, 70, 99)], detector.initial_state())
     assert anomalies and next(iter(anomalies[0].evidence["top_deviations"])) == "temp_c"
     assert anomalies[0].labels == {"node": "n1", "gpu": "GPU-1", "pod": "p"}
@@ -54,7 +55,7 @@ def test_evidence_names_the_feature_that_moved(model):
 
 
 def test_fallback_without_model_catches_a_gross_outlier_after_warmup():
-    detector = IsolationForestDetector(persistence=1, fallback_history=20)
+    detector = IsolationForestDetector(episodes=EpisodePolicy(warmup=0, persistence=1), fallback_history=20)
     state = detector.initial_state()
     rng = np.random.default_rng(3)
     for t in range(20):

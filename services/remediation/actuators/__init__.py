@@ -1,0 +1,1 @@
+"""Actuators: the one interface remediation uses to change (and read) the world."""

@@ -1,0 +1,69 @@
+"""Shared pieces of the node playbooks: node parameters and the cordon / drain / uncordon steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from services.remediation.actuators.base import Actuator
+from services.remediation.model import ActionSpec, Step, VerifySpec
+from services.remediation.playbook import PlaybookParams
+
+
+class NodeParams(PlaybookParams):
+    """A node, named directly or through one of its GPUs (the entity of an XID alert)."""
+
+    node: str = ""
+    gpu: str = Field(default="", description="GPU UUID; its node is looked up in the precheck")
+    drain_timeout_s: float = Field(default=900.0, gt=0)
+
+    @model_validator(mode="after")
+    def _node_or_gpu(self) -> NodeParams:
+        if not self.node and not self.gpu:
+            raise ValueError("give node or gpu")
+        return self
+
+
+def resolve_node(params: Any, actuator: Actuator) -> tuple[str, str]:
+    """Return ``(node, problem)``: the node to act on, or why it cannot be found."""
+    node = params.node
+    if not node:
+        gpu = actuator.describe("gpu", params.gpu, params.namespace)
+        if gpu is None:
+            return "", f"GPU {params.gpu} not found"
+        node = gpu["node"]
+    if actuator.describe("node", node, params.namespace) is None:
+        return "", f"node {node} not found"
+    return node, ""
+
+
+def cordon(node: str) -> Step:
+    """Mark the node unschedulable, verified."""
+    return Step(
+        name="cordon",
+        action=ActionSpec(op="cordon_node", target=node),
+        verify=VerifySpec(check="node_unschedulable", target=node),
+        timeout_s=60.0,
+    )
+
+
+def drain(node: str, timeout_s: float) -> Step:
+    """Evict the node's workload pods (honouring PodDisruptionBudgets), verified empty."""
+    return Step(
+        name="drain",
+        action=ActionSpec(op="drain_node", target=node),
+        wait_s=5.0,
+        verify=VerifySpec(check="node_drained", target=node),
+        timeout_s=timeout_s,
+    )
+
+
+def uncordon(node: str, name: str = "uncordon") -> Step:
+    """Make the node schedulable again (restore traffic), verified."""
+    return Step(
+        name=name,
+        action=ActionSpec(op="uncordon_node", target=node),
+        verify=VerifySpec(check="node_schedulable", target=node),
+        timeout_s=60.0,
+    )

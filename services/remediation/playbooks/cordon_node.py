@@ -1,0 +1,41 @@
+"""Cordon a node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.remediation.actuators.base import Actuator
+from services.remediation.model import PrecheckResult, Step, Targets
+from services.remediation.playbook import Playbook, require
+from services.remediation.playbooks._node import NodeParams, cordon, resolve_node, uncordon
+
+
+class CordonNodePlaybook(Playbook):
+    """Cordon a node: no new pods are scheduled on it; running pods keep serving.
+
+    Use as the first, harmless response to a suspect node (XID, ECC errors, flapping kubelet) so
+    replacements land elsewhere. Rollback uncordons it.
+    """
+
+    name = "cordon_node"
+    level = 1
+    Params = NodeParams
+
+    def targets(self, params: Any) -> Targets:
+        return Targets(namespace=params.namespace, nodes=(params.node,) if params.node else (), gpus=_gpus(params))
+
+    def precheck(self, params: Any, actuator: Actuator) -> PrecheckResult:
+        if reason := require(actuator, "cordon_node", "uncordon_node"):
+            return PrecheckResult(ok=False, reason=reason)
+        node, problem = resolve_node(params, actuator)
+        return PrecheckResult(ok=not problem, reason=problem, observed={"node": node})
+
+    def steps(self, params: Any, observed: dict[str, Any]) -> list[Step]:
+        return [cordon(observed["node"])]
+
+    def rollback(self, params: Any, observed: dict[str, Any]) -> list[Step]:
+        return [uncordon(observed["node"])] if observed.get("node") else []
+
+
+def _gpus(params: Any) -> tuple[str, ...]:
+    return (params.gpu,) if params.gpu else ()

@@ -1,0 +1,426 @@
+"""The remediation audit log in Postgres: runs, steps, approvals, audit entries.
+
+Idempotency lives here. A run id is derived from its diagnosis, so a redelivered diagnosis finds its
+run. A step row is inserted (``ON CONFLICT DO NOTHING``) and committed *before* its action runs: a
+redelivered or resumed task that finds the row never acts again. State changes are conditional
+updates (``WHERE status = ANY(...)``) so two workers cannot both move a run.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.core.errors import StoreError
+from services.core.settings import Settings
+from services.remediation.model import Decision, Step, Targets
+from services.remediation.policy import GuardrailState, RunSummary
+from services.store.db import connect
+
+_RUN_COLS = """run_id, incident_id, playbook, level, params, status, decided_by, dry_run, detail, automatic,
+    targets, scope, reasons, observed, plan, rollback_plan, rollback_state, token,
+    extract(epoch FROM created_at) AS created_at, extract(epoch FROM started_at) AS started_at,
+    extract(epoch FROM finished_at) AS finished_at, extract(epoch FROM lease_until) AS lease_until"""
+
+
+class RunRow(BaseModel):
+    """One remediation run as stored."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    incident_id: str
+    playbook: str
+    level: int
+    params: dict[str, Any]
+    status: str
+    decided_by: str
+    dry_run: bool
+    detail: str
+    automatic: bool
+    targets: Targets
+    scope: dict[str, str]
+    reasons: list[str]
+    observed: dict[str, Any]
+    plan: list[Step]
+    rollback_plan: list[Step]
+    rollback_state: str
+    token: str
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    lease_until: float | None = None
+
+
+class StepRow(BaseModel):
+    """One recorded step (precheck, action, verify or rollback)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step_id: str
+    run_id: str
+    position: int
+    name: str
+    kind: str
+    status: str
+    attempts: int
+    started_at: float | None = None
+    finished_at: float | None = None
+    output: dict[str, Any] = Field(default_factory=dict)
+
+
+class ApprovalRow(BaseModel):
+    """The approval of a level-2 run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    status: str
+    requested_at: float
+    expires_at: float
+    decided_at: float | None = None
+    approver: str = ""
+    channel: str = ""
+    comment: str = ""
+
+
+def step_id(run_id: str, kind: str, position: int) -> str:
+    """The deterministic id of a step: the same step of the same run always has the same id."""
+    return f"{run_id}:{kind}:{position}"
+
+
+class RunStore:
+    """Runs, steps, approvals and audit entries (one autocommit connection, used under a lock).
+
+    Args:
+        settings: where the database is.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._conn: psycopg.Connection[dict[str, Any]] | None = None
+        self._lock = threading.Lock()
+
+    def _c(self) -> psycopg.Connection[dict[str, Any]]:
+        if self._conn is None or self._conn.closed:
+            conn = connect(self._settings, autocommit=True)
+            conn.row_factory = dict_row  # type: ignore[assignment]
+            self._conn = conn  # type: ignore[assignment]
+        assert self._conn is not None
+        return self._conn
+
+    def _q(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            try:
+                cur = self._c().execute(sql.encode(), params)
+                return list(cur.fetchall()) if cur.description else []
+            except psycopg.OperationalError as exc:
+                self.close()
+                raise StoreError(f"remediation store: {exc}") from exc
+            except psycopg.Error as exc:
+                raise StoreError(f"remediation store: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the connection (reopened on next use)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # ------------------------------------------------------------------------------- runs
+
+    def create_run(self, run_id: str, decision: Decision, status: str, *, automatic: bool, detail: str = "") -> bool:
+        """Record a run; False when the run id already exists (a redelivered diagnosis)."""
+        rows = self._q(
+            """INSERT INTO remediation_runs (run_id, incident_id, playbook, level, params, status, decided_by,
+                   dry_run, detail, automatic, targets, scope, reasons)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+               ON CONFLICT (run_id) DO NOTHING RETURNING run_id""",
+            (
+                run_id,
+                decision.incident_id,
+                decision.playbook or "",
+                decision.level,
+                Jsonb(decision.params),
+                status,
+                decision.decided_by,
+                decision.dry_run,
+                detail,
+                automatic,
+                Jsonb(decision.targets.model_dump()),
+                Jsonb(decision.scope),
+                Jsonb(list(decision.reasons)),
+            ),
+        )
+        return bool(rows)
+
+    def get_run(self, run_id: str) -> RunRow | None:
+        """The run, or None."""
+        rows = self._q(f"SELECT {_RUN_COLS} FROM remediation_runs WHERE run_id = %s", (run_id,))
+        return _run(rows[0]) if rows else None
+
+    def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRow]:
+        """Newest runs first, optionally of one status."""
+        if status:
+            rows = self._q(
+                f"SELECT {_RUN_COLS} FROM remediation_runs WHERE status = %s ORDER BY created_at DESC LIMIT %s",
+                (status, limit),
+            )
+        else:
+            rows = self._q(f"SELECT {_RUN_COLS} FROM remediation_runs ORDER BY created_at DESC LIMIT %s", (limit,))
+        return [_run(r) for r in rows]
+
+    def transition(
+        self,
+        run_id: str,
+        from_status: Iterable[str],
+        to_status: str,
+        *,
+        detail: str | None = None,
+        token: str | None = None,
+        require_token: str | None = None,
+        started: bool = False,
+        finished: bool = False,
+        lease_until: float | None = None,
+        rollback_state: str | None = None,
+    ) -> bool:
+        """Move a run from one of ``from_status`` to ``to_status``; False when it was not in one of them."""
+        sets = ["status = %s", "updated_at = now()"]
+        args: list[Any] = [to_status]
+        if detail is not None:
+            sets.append("detail = %s")
+            args.append(detail)
+        if token is not None:
+            sets.append("token = %s")
+            args.append(token)
+        if started:
+            sets.append("started_at = coalesce(started_at, now())")
+        if finished:
+            sets.append("finished_at = now()")
+        if lease_until is not None:
+            sets.append("lease_until = to_timestamp(%s)")
+            args.append(lease_until)
+        if rollback_state is not None:
+            sets.append("rollback_state = %s")
+            args.append(rollback_state)
+        where = "run_id = %s AND status = ANY(%s)"
+        args += [run_id, list(from_status)]
+        if require_token is not None:
+            where += " AND token = %s"
+            args.append(require_token)
+        rows = self._q(f"UPDATE remediation_runs SET {', '.join(sets)} WHERE {where} RETURNING run_id", args)
+        return bool(rows)
+
+    def set_plan(self, run_id: str, observed: dict[str, Any], plan: list[Step], rollback: list[Step]) -> None:
+        """Freeze what the precheck saw and the steps it implies."""
+        self._q(
+            "UPDATE remediation_runs SET observed = %s, plan = %s, rollback_plan = %s, updated_at = now()"
+            " WHERE run_id = %s",
+            (
+                Jsonb(observed),
+                Jsonb([s.model_dump() for s in plan]),
+                Jsonb([s.model_dump() for s in rollback]),
+                run_id,
+            ),
+        )
+
+    def extend_lease(self, run_id: str, token: str, until: float) -> None:
+        """Push the run's lease forward (the recovery sweep leaves it alone until then)."""
+        self._q(
+            "UPDATE remediation_runs SET lease_until = to_timestamp(%s), updated_at = now()"
+            " WHERE run_id = %s AND token = %s",
+            (until, run_id, token),
+        )
+
+    def set_token(self, run_id: str, token: str, lease_until: float) -> None:
+        """Give a run a new execution token (older Celery messages become no-ops)."""
+        self._q(
+            "UPDATE remediation_runs SET token = %s, lease_until = to_timestamp(%s), updated_at = now()"
+            " WHERE run_id = %s",
+            (token, lease_until, run_id),
+        )
+
+    def set_rollback_state(self, run_id: str, state: str) -> None:
+        """'' (none needed), 'pending' (to do) or 'done'."""
+        self._q("UPDATE remediation_runs SET rollback_state = %s WHERE run_id = %s", (state, run_id))
+
+    def stale_runs(self, now: float) -> list[RunRow]:
+        """Running runs whose lease lapsed, and failed runs whose rollback never completed."""
+        rows = self._q(
+            f"""SELECT {_RUN_COLS} FROM remediation_runs
+                WHERE (status = 'running' OR rollback_state = 'pending')
+                  AND (lease_until IS NULL OR lease_until < to_timestamp(%s))""",
+            (now,),
+        )
+        return [_run(r) for r in rows]
+
+    def next_lease_expiry(self) -> float | None:
+        """The earliest lease of a run still in flight (None when none)."""
+        rows = self._q(
+            "SELECT extract(epoch FROM min(lease_until)) AS t FROM remediation_runs"
+            " WHERE status = 'running' OR rollback_state = 'pending'"
+        )
+        return float(rows[0]["t"]) if rows and rows[0]["t"] is not None else None
+
+    # ------------------------------------------------------------------------------ steps
+
+    def begin_step(self, run_id: str, kind: str, position: int, name: str) -> tuple[bool, StepRow]:
+        """Record a step as running before it acts; ``(False, existing)`` when it was recorded before."""
+        sid = step_id(run_id, kind, position)
+        rows = self._q(
+            """INSERT INTO remediation_steps (step_id, run_id, position, name, kind, status, attempts, started_at)
+               VALUES (%s, %s, %s, %s, %s, 'running', 1, now())
+               ON CONFLICT DO NOTHING RETURNING step_id""",
+            (sid, run_id, position, name, kind),
+        )
+        step = self.get_step(sid)
+        assert step is not None
+        return bool(rows), step
+
+    def get_step(self, sid: str) -> StepRow | None:
+        """One step, or None."""
+        rows = self._q(
+            """SELECT step_id, run_id, position, name, kind, status, attempts, output,
+                      extract(epoch FROM started_at) AS started_at, extract(epoch FROM finished_at) AS finished_at
+               FROM remediation_steps WHERE step_id = %s""",
+            (sid,),
+        )
+        return _step(rows[0]) if rows else None
+
+    def steps(self, run_id: str) -> list[StepRow]:
+        """Every step of a run in the order recorded."""
+        rows = self._q(
+            """SELECT step_id, run_id, position, name, kind, status, attempts, output,
+                      extract(epoch FROM started_at) AS started_at, extract(epoch FROM finished_at) AS finished_at
+               FROM remediation_steps WHERE run_id = %s ORDER BY started_at, position""",
+            (run_id,),
+        )
+        return [_step(r) for r in rows]
+
+    def bump_attempts(self, sid: str) -> None:
+        """Count one more verification attempt."""
+        self._q("UPDATE remediation_steps SET attempts = attempts + 1 WHERE step_id = %s", (sid,))
+
+    def finish_step(self, sid: str, status: str, output: dict[str, Any]) -> None:
+        """Record a step's outcome (merged into its output)."""
+        self._q(
+            "UPDATE remediation_steps SET status = %s, finished_at = now(), output = output || %s WHERE step_id = %s",
+            (status, Jsonb(output), sid),
+        )
+
+    def record_skipped(self, run_id: str, kind: str, position: int, name: str, output: dict[str, Any]) -> None:
+        """Record a step that was deliberately not performed (dry run, no action)."""
+        self._q(
+            """INSERT INTO remediation_steps (step_id, run_id, position, name, kind, status, attempts,
+                   started_at, finished_at, output)
+               VALUES (%s, %s, %s, %s, %s, 'skipped', 0, now(), now(), %s) ON CONFLICT DO NOTHING""",
+            (step_id(run_id, kind, position), run_id, position, name, kind, Jsonb(output)),
+        )
+
+    # -------------------------------------------------------------------------- approvals
+
+    def request_approval(self, run_id: str, expires_at: float) -> None:
+        """Open a pending approval (idempotent)."""
+        self._q(
+            "INSERT INTO approvals (run_id, status, expires_at) VALUES (%s, 'pending', to_timestamp(%s))"
+            " ON CONFLICT (run_id) DO NOTHING",
+            (run_id, expires_at),
+        )
+
+    def get_approval(self, run_id: str) -> ApprovalRow | None:
+        """The approval of a run, or None."""
+        rows = self._q(
+            """SELECT run_id, status, approver, channel, comment,
+                      extract(epoch FROM requested_at) AS requested_at, extract(epoch FROM expires_at) AS expires_at,
+                      extract(epoch FROM decided_at) AS decided_at
+               FROM approvals WHERE run_id = %s""",
+            (run_id,),
+        )
+        return ApprovalRow.model_validate(_floats(rows[0])) if rows else None
+
+    def decide_approval(
+        self, run_id: str, status: str, *, approver: str, channel: str, comment: str, now: float
+    ) -> bool:
+        """Approve or reject a pending, unexpired approval; False when it was not pending or has expired."""
+        rows = self._q(
+            """UPDATE approvals SET status = %s, approver = %s, channel = %s, comment = %s, decided_at = now()
+               WHERE run_id = %s AND status = 'pending' AND expires_at > to_timestamp(%s) RETURNING run_id""",
+            (status, approver, channel, comment, run_id, now),
+        )
+        return bool(rows)
+
+    def expire_approvals(self, now: float) -> list[str]:
+        """Expire pending approvals past their deadline; return their run ids."""
+        rows = self._q(
+            """UPDATE approvals SET status = 'expired', decided_at = now()
+               WHERE status = 'pending' AND expires_at <= to_timestamp(%s) RETURNING run_id""",
+            (now,),
+        )
+        return [r["run_id"] for r in rows]
+
+    # ------------------------------------------------------------------------------ audit
+
+    def audit(self, run_id: str, actor: str, action: str, detail: dict[str, Any] | None = None) -> None:
+        """Append an audit entry."""
+        self._q(
+            "INSERT INTO remediation_audit (run_id, actor, action, detail) VALUES (%s, %s, %s, %s)",
+            (run_id, actor, action, Jsonb(detail or {})),
+        )
+
+    def audit_log(self, run_id: str) -> list[dict[str, Any]]:
+        """A run's audit entries, oldest first."""
+        rows = self._q(
+            "SELECT extract(epoch FROM ts) AS ts, actor, action, detail FROM remediation_audit"
+            " WHERE run_id = %s ORDER BY id",
+            (run_id,),
+        )
+        return [_floats(r) for r in rows]
+
+    # ------------------------------------------------------------------------- guardrails
+
+    def guardrail_state(self, now: float, window_s: float = 86_400.0) -> GuardrailState:
+        """Recent runs for the guardrails (cooldown, rate limit, blast radius, circuit breaker)."""
+        rows = self._q(
+            """SELECT run_id, playbook, status, automatic, targets,
+                      extract(epoch FROM started_at) AS started_at, extract(epoch FROM finished_at) AS finished_at
+               FROM remediation_runs
+               WHERE status = 'running' OR started_at >= to_timestamp(%s) OR finished_at >= to_timestamp(%s)""",
+            (now - window_s, now - window_s),
+        )
+        return GuardrailState(runs=tuple(RunSummary.model_validate(_floats(r)) for r in rows))
+
+    def mark_incident_mitigated(self, incident_id: str) -> dict[str, Any] | None:
+        """Mark the incident mitigated (if it is stored and still open); return its row."""
+        rows = self._q(
+            """UPDATE incidents SET status = 'mitigated', mitigated_at = coalesce(mitigated_at, now()),
+                      updated_at = now()
+               WHERE incident_id = %s AND status IN ('opened', 'updated', 'mitigated')
+               RETURNING incident_id, title, severity, group_key, labels,
+                         extract(epoch FROM opened_at) AS opened_at""",
+            (incident_id,),
+        )
+        return _floats(rows[0]) if rows else None
+
+
+def _floats(row: dict[str, Any]) -> dict[str, Any]:
+    # extract(epoch ...) comes back as Decimal
+    return {k: (float(v) if v is not None and type(v).__name__ == "Decimal" else v) for k, v in row.items()}
+
+
+def _run(row: dict[str, Any]) -> RunRow:
+    return RunRow.model_validate(_floats(row))
+
+
+def _step(row: dict[str, Any]) -> StepRow:
+    return StepRow.model_validate(_floats(row))
+
+
+def dumps(obj: Any) -> str:
+    """JSON for CLI output."""
+    return json.dumps(obj, default=str, sort_keys=True)

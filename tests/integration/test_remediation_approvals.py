@@ -1,0 +1,148 @@
+"""Approvals through the API, the CLI and signed Slack buttons, against the real Postgres."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from services.core.events import Diagnosis, Hypothesis
+from services.remediation import cli
+from services.remediation.api import create_router
+from services.remediation.config import RemediationSettings
+from services.remediation.executor import Executor
+from services.remediation.model import Step
+from services.remediation.runtime import MemoryEventSink, build_executor
+from services.remediation.slack import APPROVE_ACTION, REJECT_ACTION, sign
+from services.store.db import migrate
+
+pytestmark = pytest.mark.integration
+SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+
+
+class RecordingDispatcher:
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def execute(self, run_id: str) -> None:
+        self.started.append(run_id)
+
+    def chain(self, run_id: str, token: str, position: int, phase: str, plan: list[Step], time_scale: float) -> None:
+        raise AssertionError("not expected")
+
+    def rollback(self, run_id: str, token: str) -> None:
+        raise AssertionError("not expected")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def setup(fresh_database):
+    migrate(fresh_database)
+    dispatcher = RecordingDispatcher()
+    ex = build_executor(fresh_database, RemediationSettings(), dispatcher, events=MemoryEventSink())
+    clock = Clock()
+    ex.clock = clock
+    api = FastAPI()
+    api.include_router(create_router(lambda: ex, slack_signing_secret=SECRET, clock=clock))
+    yield ex, dispatcher, clock, TestClient(api)
+    ex.store.close()
+
+
+def level2(ex: Executor, node: str = "gpu-node-000") -> str:
+    diag = Diagnosis(
+        incident_id=f"inc-{uuid.uuid4().hex[:6]}",
+        diagnostician="llm",
+        hypotheses=(Hypothesis(cause="gpu_xid_79", confidence=0.8),),
+        proposed_playbook="reboot_node",
+        proposed_params={"node": node},
+        ts=time.time(),
+    )
+    run_id, decision = ex.submit(diag)
+    assert decision.outcome == "await_approval"
+    return run_id
+
+
+def slack_request(client: TestClient, action: str, run_id: str, ts: float, secret: str = SECRET) -> Any:
+    payload = {
+        "type": "block_actions",
+        "user": {"id": "U1", "username": "carol"},
+        "actions": [{"action_id": action, "value": run_id}],
+    }
+    body = urlencode({"payload": json.dumps(payload)}).encode()
+    stamp = str(int(ts))
+    return client.post(
+        "/remediation/slack/interactions",
+        content=body,
+        headers={
+            "content-type": "application/x-www-form-urlencoded",
+            "x-slack-request-timestamp": stamp,
+            "x-slack-signature": sign(secret, stamp, body),
+        },
+    )
+
+
+def test_api_approval_starts_the_run_once_and_records_the_approver(setup):
+    ex, dispatcher, _, client = setup
+    run_id = level2(ex)
+    assert dispatcher.started == []
+    resp = client.post(f"/remediation/runs/{run_id}/approve", json={"approver": "alice", "comment": "ok"})
+    assert resp.status_code == 200 and resp.json()["status"] == "approved"
+    assert dispatcher.started == [run_id]
+    assert client.post(f"/remediation/runs/{run_id}/approve", json={"approver": "mallory"}).status_code == 409
+    assert dispatcher.started == [run_id]
+    detail = client.get(f"/remediation/runs/{run_id}").json()
+    assert detail["approval"]["approver"] == "alice" and detail["approval"]["channel"] == "api"
+    assert [a["action"] for a in detail["audit"]] == ["decided:await_approval", "approved"]
+
+
+def test_rejected_and_expired_runs_never_start(setup):
+    ex, dispatcher, clock, client = setup
+    rejected = level2(ex, "gpu-node-001")
+    assert client.post(f"/remediation/runs/{rejected}/reject", json={"approver": "bob"}).json()["status"] == "rejected"
+    expired = level2(ex, "gpu-node-002")
+    clock.now += ex.config.approvals.ttl_s + 1
+    resp = client.post(f"/remediation/runs/{expired}/approve", json={"approver": "alice"})
+    assert resp.status_code == 409 and "expired" in resp.json()["detail"]
+    assert ex.store.get_run(expired).status == "expired"
+    assert dispatcher.started == []
+
+
+def test_slack_button_needs_a_valid_fresh_signature(setup):
+    ex, dispatcher, clock, client = setup
+    run_id = level2(ex)
+    assert slack_request(client, APPROVE_ACTION, run_id, clock.now, secret="wrong").status_code == 401
+    assert slack_request(client, APPROVE_ACTION, run_id, clock.now - 301).status_code == 401
+    assert dispatcher.started == []
+    resp = slack_request(client, APPROVE_ACTION, run_id, clock.now - 200)
+    assert resp.status_code == 200 and "slack:carol" in resp.json()["text"]
+    assert ex.store.get_approval(run_id).approver == "slack:carol"
+    assert dispatcher.started == [run_id]
+    other = level2(ex, "gpu-node-001")
+    assert slack_request(client, REJECT_ACTION, other, clock.now).status_code == 200
+    assert ex.store.get_run(other).status == "rejected"
+
+
+def test_medic_approve_cli(setup, monkeypatch):
+    ex, dispatcher, _, _ = setup
+    run_id = level2(ex)
+    monkeypatch.setattr(cli, "_executor", lambda: ex)
+    result = CliRunner().invoke(cli.app, ["approve", run_id, "--approver", "dave"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["status"] == "approved"
+    assert ex.store.get_approval(run_id).channel == "cli" and dispatcher.started == [run_id]
+    again = CliRunner().invoke(cli.app, ["approve", run_id, "--approver", "dave"])
+    assert again.exit_code == 1

@@ -1,0 +1,138 @@
+"""Playbook registry, parameters, prechecks and steps against an in-memory actuator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.diagnostician.runbooks import PLAYBOOK_DEFAULT_LEVELS
+from services.remediation.actuators.base import Actuator, ObjectKind
+from services.remediation.config import load_config
+from services.remediation.errors import ParamsError
+from services.remediation.model import ActionOutcome, ActionSpec, VerifySpec
+from services.remediation.playbook import Playbook
+from services.remediation.registry import actuator_registry, load_playbook, playbook_registry
+
+
+class MemoryActuator(Actuator):
+    """A tiny in-memory world: enough for prechecks and checks."""
+
+    name = "memory"
+    operations = frozenset({"cordon_node", "uncordon_node", "drain_node", "reboot_node", "scale"})
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {
+            ("node", "n1"): {"ready": True, "schedulable": True, "rebooting": False, "pods": 2, "unhealthy_gpus": 1},
+            ("gpu", "GPU-1"): {"node": "n1", "healthy": False, "xid": 79},
+            ("deployment", "llama"): {"replicas": 2, "ready": 2, "max_num_seqs": 256, "variant": "v1", "revision": 1},
+        }
+        self.done: list[ActionSpec] = []
+
+    def act(self, action: ActionSpec) -> ActionOutcome:
+        self.done.append(action)
+        return ActionOutcome()
+
+    def describe(self, kind: ObjectKind, name: str, namespace: str = "") -> dict[str, Any] | None:
+        return self.objects.get((kind, name))
+
+    def clock(self) -> float:
+        return 0.0
+
+
+def test_every_registered_playbook_and_actuator_loads_and_names_match_the_runbooks():
+    registry = playbook_registry()
+    assert set(registry.names()) == set(PLAYBOOK_DEFAULT_LEVELS)
+    for name in registry:
+        cls = registry.load(name)
+        assert issubclass(cls, Playbook)
+        assert cls.name == name, f"{cls.__name__}.name is {cls.name!r}, registered as {name!r}"
+        assert cls.level == PLAYBOOK_DEFAULT_LEVELS[name]
+        assert len(cls.description()) > 40, f"{name} needs a docstring humans and the LLM can read"
+    for name in actuator_registry():
+        assert issubclass(actuator_registry().load(name), Actuator)
+
+
+def test_every_xid_mapping_names_a_registered_playbook_at_least_its_default_level():
+    cfg = load_config()
+    registry = playbook_registry()
+    for action, target in cfg.xid.actions.items():
+        if target is None:
+            continue
+        assert target.playbook in registry, action
+        assert target.level >= registry.load(target.playbook).level, action
+    assert cfg.xid.for_code(79) is not None and cfg.xid.for_code(79).playbook == "reboot_node"
+    assert cfg.xid.for_code(13) is not None and cfg.xid.for_code(13).level == 1
+    assert cfg.xid.for_code(43) is None  # IGNORE
+
+
+def test_params_are_validated_before_anything_runs():
+    pb = load_playbook(playbook_registry(), "scale_replicas")
+    with pytest.raises(ParamsError, match="replicas"):
+        pb.parse({"deployment": "llama", "replicas": -1})
+    with pytest.raises(ParamsError, match="Extra inputs"):
+        pb.parse({"deployment": "llama", "replicas": 1, "replcias": 2})
+    with pytest.raises(ParamsError, match="node or gpu"):
+        load_playbook(playbook_registry(), "reboot_node").parse({})
+
+
+def test_reboot_node_resolves_the_gpu_node_and_drains_before_rebooting_and_uncordons_on_rollback():
+    pb = load_playbook(playbook_registry(), "reboot_node")
+    act = MemoryActuator()
+    params = pb.parse({"gpu": "GPU-1"})
+    pre = pb.precheck(params, act)
+    assert pre.ok and pre.observed["node"] == "n1"
+    steps = pb.steps(params, pre.observed)
+    assert [s.name for s in steps] == ["cordon", "drain", "reboot", "uncordon"]
+    assert [s.action.op for s in steps if s.action] == ["cordon_node", "drain_node", "reboot_node", "uncordon_node"]
+    assert steps[2].verify == VerifySpec(check="node_ready", target="n1", params={"gpus_healthy": True})
+    assert [s.action.op for s in pb.rollback(params, pre.observed) if s.action] == ["uncordon_node"]
+    assert act.done == [], "a precheck must not act"
+
+
+def test_precheck_refuses_what_the_actuator_cannot_do_and_what_is_already_so():
+    act = MemoryActuator()
+    reset = load_playbook(playbook_registry(), "reset_gpu")
+    pre = reset.precheck(reset.parse({"gpu": "GPU-1"}), act)
+    assert not pre.ok and "reset_gpu" in pre.reason
+    scale = load_playbook(playbook_registry(), "scale_replicas")
+    assert not scale.precheck(scale.parse({"deployment": "llama", "replicas": 2}), act).ok
+    pre = scale.precheck(scale.parse({"deployment": "llama", "replicas": 4}), act)
+    assert pre.ok and pre.observed == {"replicas": 2}
+    rb = scale.rollback(scale.parse({"deployment": "llama", "replicas": 4}), pre.observed)
+    assert rb[0].action is not None and rb[0].action.params == {"replicas": 2}
+
+
+def test_shared_checks_read_the_normalised_views():
+    act = MemoryActuator()
+    assert not act.check(VerifySpec(check="node_ready", target="n1", params={"gpus_healthy": True})).ok
+    assert act.check(VerifySpec(check="node_ready", target="n1")).ok
+    assert not act.check(VerifySpec(check="node_drained", target="n1")).ok
+    assert act.check(VerifySpec(check="deployment_ready", target="llama", params={"max_num_seqs": 256})).ok
+    assert not act.check(VerifySpec(check="deployment_ready", target="llama", params={"replicas": 3})).ok
+    assert not act.check(VerifySpec(check="gpu_healthy", target="GPU-1")).ok
+
+
+def test_page_oncall_has_no_steps():
+    pb = load_playbook(playbook_registry(), "page_oncall")
+    assert pb.level == 3
+    assert pb.steps(pb.parse({"summary": "x"}), {}) == []
+
+
+def test_slack_signature_is_hmac_of_v0_timestamp_body_and_stale_requests_are_refused():
+    from services.remediation.errors import SignatureError
+    from services.remediation.slack import sign, verify_signature
+
+    body = b"payload=%7B%7D"
+    good = sign("secret", "1700000000", body)
+    verify_signature("secret", "1700000000", body, good, now=1_700_000_299)
+    for args in [
+        ("secret", "1700000000", body + b"x", good, 1_700_000_000),  # tampered body
+        ("other", "1700000000", body, good, 1_700_000_000),  # wrong secret
+        ("secret", "1700000000", body, good, 1_700_000_301),  # too old
+        ("secret", "1700000000", body, good, 1_699_999_699),  # from the future
+        ("", "1700000000", body, good, 1_700_000_000),  # no secret configured
+        ("secret", None, body, good, 1_700_000_000),
+    ]:
+        with pytest.raises(SignatureError):
+            verify_signature(*args[:4], now=args[4])
