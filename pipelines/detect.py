@@ -178,7 +178,7 @@ def register_detect(
             table[batch.entity] = saved
             await publish(anomalies)
             now = time.monotonic()
-            if vector is not None and scorer.detectors:
+            if vector is not None and vector.serving and scorer.detectors:
                 scorer.add(vector, now)
             if scorer.due(now):
                 await publish(scorer.flush())

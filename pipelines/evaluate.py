@@ -40,7 +40,7 @@ class OfflineDetect:
             if isinstance(event, MetricBatch):
                 self.saved[event.entity], vector, found = self.entity.on_batch(event, self.saved.get(event.entity))
                 anomalies.extend(found)
-                if vector is not None and self.scorer.detectors:
+                if vector is not None and vector.serving and self.scorer.detectors:
                     self.scorer.add(vector, 0.0)
             elif isinstance(event, LogRecord):
                 logs.append(event)

@@ -95,6 +95,15 @@ class FeatureVector:
     values: dict[str, float]
     labels: dict[str, str]
 
+    @property
+    def serving(self) -> bool:
+        """Whether the entity carries a workload: a vLLM pod, or a GPU with a pod on it.
+
+        The learned detectors judge serving entities only; an idle GPU's flat zeros are not what the
+        baseline learned, and the rule detectors still watch it for XIDs, ECC and heat.
+        """
+        return self.entity_class == "pod" or bool(self.labels.get("pod"))
+
     def as_row(self) -> list[float]:
         """Values in the class's fixed feature order (NaN where a feature was not seen)."""
         return [self.values.get(name, math.nan) for name in FEATURES_BY_CLASS[self.entity_class]]

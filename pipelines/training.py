@@ -46,7 +46,7 @@ def vectors_from_batches(batches: Iterable[MetricBatch]) -> Baseline:
     baseline = Baseline()
     for batch in batches:
         states[batch.entity], vector = extract(batch, states.get(batch.entity, FeatureState()))
-        if vector is not None:
+        if vector is not None and vector.serving:
             baseline.add(vector)
     return baseline
 

@@ -27,12 +27,20 @@ class RobustScaler:
 
     @classmethod
     def fit(cls, rows: Matrix) -> RobustScaler:
-        """Learn medians and MAD-based scales, ignoring NaN; a constant feature gets a floor scale."""
+        """Learn medians and robust scales, ignoring NaN.
+
+        The scale is the larger of the MAD (as a standard deviation) and the 1st-99th percentile range
+        over 4.65 (the width of that range for a normal distribution): a feature that is usually zero,
+        like waiting requests, has a MAD of 0 but a real spread in its tail. A feature that never moved
+        gets a floor: a share of its level, or 1e-3.
+        """
         median = np.nanmedian(rows, axis=0)
         mad = np.nanmedian(np.abs(rows - median), axis=0) * MAD_TO_SIGMA
-        # a feature that never moved in training still needs a scale: a share of its level, or 1e-3
+        low, high = np.nanpercentile(rows, [1, 99], axis=0)
+        tail = (high - low) / 4.65
         floor = np.maximum(np.abs(median) * 0.05, 1e-3)
-        scale = np.where(np.isfinite(mad) & (mad > floor), mad, floor)
+        spread = np.fmax(np.nan_to_num(mad, nan=0.0), np.nan_to_num(tail, nan=0.0))
+        scale = np.where(spread > floor, spread, floor)
         median = np.where(np.isfinite(median), median, 0.0)
         return cls(tuple(float(v) for v in median), tuple(float(v) for v in scale))
 
