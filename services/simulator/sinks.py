@@ -233,7 +233,7 @@ class KafkaSink:
 
     def __init__(self, settings: Settings) -> None:
         # Imported here so the simulator works without Kafka libraries or a broker.
-        from services.core.bus import KafkaPublisher  # type: ignore[import-not-found,unused-ignore]
+        from services.core.bus import KafkaPublisher
 
         self._pub = KafkaPublisher(settings)
         self._pub.__enter__()
