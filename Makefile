@@ -21,7 +21,7 @@ help:
 
 # One resolver run, frozen in requirements.lock (regenerate with `make lock`).
 $(VENV)/.installed: pyproject.toml requirements.lock
-	@mkdir -p $(XDG_RUNTIME_DIR)
+	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
 	@test -x $(BIN)/python || $(BASE_PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
 	$(BIN)/uv pip sync -q --python $(BIN)/python requirements.lock

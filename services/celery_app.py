@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -25,11 +26,16 @@ from services.core.settings import Settings
 
 QUEUES = ("default", "remediation", "verify", "notify")
 
-app = Celery("clustermedic", include=["services.remediation.tasks"])
+app = Celery("clustermedic", include=["services.remediation.tasks", "services.notify.tasks"])
 
 
 def configure(settings: Settings) -> Celery:
-    """Point the app at the settings' Redis and set the options every task shares."""
+    """Point the app at the settings' Redis and set the options every task shares.
+
+    Calling it again with another Redis (a test, a tool) also drops the connection, producer and
+    result-backend caches, which Celery would otherwise keep pointing at the first broker.
+    """
+    previous = app.conf.broker_url if app.configured else None
     app.conf.update(
         broker_url=settings.broker_url,
         result_backend=settings.broker_url,
@@ -45,6 +51,10 @@ def configure(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
         timezone="UTC",
     )
+    if previous is not None and previous != settings.broker_url:
+        app._after_fork()  # Celery's own reset of the connection and producer pools
+        app._backend_cache = None
+        app._local = threading.local()
     return app
 
 

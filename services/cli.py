@@ -19,6 +19,7 @@ from services.celery_app import QUEUES
 from services.core.errors import ClusterMedicError
 from services.core.paths import REPO_ROOT
 from services.core.settings import Settings
+from services.diagnostician import cli as diag_cli
 from services.ingest import cli as ingest_cli
 from services.remediation import cli as remediation_cli
 from services.simulator import cli as sim_cli
@@ -33,8 +34,23 @@ app.add_typer(detect_app, name="detect")
 app.add_typer(sim_cli.app, name="sim", help="The GPU inference-cluster simulator.")
 app.add_typer(ingest_cli.app, name="ingest", help="Receivers and watchers that feed the telemetry topics.")
 app.add_typer(remediation_cli.app, name="remediation", help="Remediation runs, playbooks and policy.")
+app.add_typer(diag_cli.app, name="kb", help="Knowledge base: index, search; diagnose an incident.")
+app.command("diagnose", help="Diagnose an incident with the offline ranker or the configured LLM.")(
+    diag_cli.diagnose_cmd
+)
+eval_app = typer.Typer(help="Evaluations on seeded simulator scenarios.", no_args_is_help=True)
+eval_app.command("diagnose", help="Top-1/top-3 root-cause accuracy and latency of the diagnostician.")(
+    diag_cli.eval_cmd
+)
+app.add_typer(eval_app, name="eval")
 app.command("approve")(remediation_cli.approve)
 app.command("reject")(remediation_cli.reject)
+silences_app = typer.Typer(help="Silences: mute matching alerts for a while.", no_args_is_help=True)
+app.add_typer(silences_app, name="silences")
+incidents_app = typer.Typer(help="Incidents the correlate role opened.", no_args_is_help=True)
+app.add_typer(incidents_app, name="incidents")
+api_app = typer.Typer(help="The HTTP API (incidents, silences).", no_args_is_help=True)
+app.add_typer(api_app, name="api")
 
 console = Console(stderr=True)
 INFRA = REPO_ROOT / "infra" / "local"
@@ -116,7 +132,10 @@ def worker(
 
 @app.command()
 def pipeline(
-    role: Annotated[str, typer.Option(help="Which agents to run: detect or smoke.")] = "detect",
+    role: Annotated[str, typer.Option(help="Which agents to run: detect, correlate or smoke.")] = "detect",
+    routing: Annotated[str, typer.Option(help="correlate: the routing config.")] = str(
+        REPO_ROOT / "infra" / "config" / "routing.yaml"
+    ),
 ) -> None:
     """Run the Faust worker for one role of the stream pipeline."""
     from faust import Worker
@@ -131,6 +150,11 @@ def pipeline(
 
         names = [n.strip() for n in settings.detectors.split(",") if n.strip()]
         register_detect(pipe, build_detectors(settings, names), model_refresh_s=settings.detect_model_refresh_s)
+    elif role == "correlate":
+        from pipelines.correlate import load_routing
+        from pipelines.correlate.agent import register_correlate
+
+        register_correlate(pipe, load_routing(routing))
     elif role == "smoke":
 
         async def print_event(event: object) -> None:
@@ -138,7 +162,7 @@ def pipeline(
 
         register_smoke(pipe, print_event)
     else:
-        console.print(f"unknown role {role!r}; known: detect, smoke")
+        console.print(f"unknown role {role!r}; known: detect, correlate, smoke")
         raise typer.Exit(2)
     Worker(pipe.app, loglevel=settings.log_level.lower()).execute_from_commandline()
 
@@ -190,6 +214,168 @@ def detect_models() -> None:
             json.dumps(m.training),
         )
     Console().print(table)
+
+
+@silences_app.command("add")
+def silences_add(
+    matcher: Annotated[
+        list[str], typer.Option("--matcher", "-m", help='Label matcher, e.g. alertname="gpu_xid" (repeatable).')
+    ],
+    duration: Annotated[str, typer.Option(help="How long it mutes: 30m, 2h, 1d...")] = "2h",
+    author: Annotated[str, typer.Option(help="Who asks for it (default: your user name).")] = "",
+    comment: Annotated[str, typer.Option(help="Why.")] = "",
+    starts_in: Annotated[str, typer.Option(help="Start later instead of now: 10m, 1h...")] = "0s",
+) -> None:
+    """Create a silence; the correlate role applies it within a few seconds."""
+    import getpass
+    import time
+
+    from pipelines.correlate.durations import parse_duration
+    from services.store.db import connect
+    from services.store.silences import create_silence
+
+    try:
+        start = time.time() + parse_duration(starts_in)
+        end = start + parse_duration(duration)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    with connect(_settings()) as conn:
+        stored = create_silence(
+            conn,
+            matchers=matcher,
+            starts_at=start,
+            ends_at=end,
+            created_by=author or getpass.getuser(),
+            comment=comment,
+        )
+    print(stored.silence_id)
+    until = f"{stored.ends_at:%Y-%m-%d %H:%M:%S %Z}"
+    console.print(f"[silences] {stored.silence_id} mutes {', '.join(stored.matchers)} until {until}")
+
+
+@silences_app.command("list")
+def silences_list(
+    state: Annotated[str, typer.Option(help="pending, active, expired or all.")] = "all",
+) -> None:
+    """List silences, newest start first."""
+    import time
+
+    from services.store.db import connect
+    from services.store.silences import list_silences
+
+    if state not in ("pending", "active", "expired", "all"):
+        raise typer.BadParameter(f"state must be pending, active, expired or all, not {state!r}")
+    now = time.time()
+    with connect(_settings()) as conn:
+        rows = list_silences(conn, now=now, state=None if state == "all" else state)  # type: ignore[arg-type]
+    table = Table(title="Silences")
+    for column in ("id", "state", "matchers", "starts", "ends", "author", "comment"):
+        table.add_column(column)
+    for s in rows:
+        table.add_row(
+            s.silence_id,
+            s.state(now),
+            ", ".join(s.matchers),
+            f"{s.starts_at:%Y-%m-%d %H:%M}",
+            f"{s.ends_at:%Y-%m-%d %H:%M}",
+            s.created_by,
+            s.comment,
+        )
+    Console().print(table)
+
+
+@silences_app.command("expire")
+def silences_expire(silence_id: Annotated[str, typer.Argument(help="The silence id.")]) -> None:
+    """End a silence now."""
+    import time
+
+    from services.store.db import connect
+    from services.store.silences import expire_silence
+
+    with connect(_settings()) as conn:
+        stored = expire_silence(conn, silence_id, now=time.time())
+    console.print(f"[silences] {stored.silence_id} expired at {stored.ends_at:%Y-%m-%d %H:%M:%S %Z}")
+
+
+@incidents_app.command("list")
+def incidents_list(
+    status: Annotated[str | None, typer.Option(help="opened, updated, mitigated or resolved.")] = None,
+    limit: Annotated[int, typer.Option(help="Most incidents shown.")] = 50,
+) -> None:
+    """List incidents, most recently changed first."""
+    from services.store.db import connect
+    from services.store.incidents import STATUSES, list_incidents
+
+    if status is not None and status not in STATUSES:
+        raise typer.BadParameter(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
+    with connect(_settings()) as conn:
+        rows = list_incidents(conn, status=status, limit=limit)
+    table = Table(title="Incidents")
+    for column in ("id", "status", "severity", "title", "opened", "updated"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            r.incident_id,
+            r.status,
+            r.severity,
+            r.title,
+            f"{r.opened_at:%Y-%m-%d %H:%M:%S}",
+            f"{r.updated_at:%Y-%m-%d %H:%M:%S}",
+        )
+    Console().print(table)
+
+
+@incidents_app.command("show")
+def incidents_show(incident_id: Annotated[str, typer.Argument(help="The incident id.")]) -> None:
+    """Show one incident and its linked alerts, each with its evidence."""
+    from services.store.db import connect
+    from services.store.incidents import get_incident
+
+    with connect(_settings()) as conn:
+        row = get_incident(conn, incident_id)
+    if row is None:
+        console.print(f"[red]no incident {incident_id!r}")
+        raise typer.Exit(1)
+    out = Console()
+    out.print(f"[bold]{row.title}[/bold]  {row.incident_id}")
+    out.print(
+        f"status {row.status} · severity {row.severity} · opened {row.opened_at:%Y-%m-%d %H:%M:%S} · "
+        f"updated {row.updated_at:%Y-%m-%d %H:%M:%S}"
+    )
+    out.print(", ".join(f"{k}={v}" for k, v in sorted(row.labels.items())))
+    table = Table(title=f"{len(row.alerts)} linked alerts")
+    for column in ("signal", "entity", "detector", "severity", "status", "since", "evidence"):
+        table.add_column(column)
+    for a in row.alerts:
+        table.add_row(
+            a.signal,
+            a.entity,
+            a.detector,
+            a.severity,
+            a.status,
+            f"{a.starts_at:%Y-%m-%d %H:%M:%S}",
+            json.dumps(a.evidence, sort_keys=True)[:200],
+        )
+    out.print(table)
+
+
+@api_app.command("serve")
+def api_serve(
+    host: Annotated[str | None, typer.Option(help="Listen address (default: api_host).")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (default: api_port).")] = None,
+) -> None:
+    """Run the HTTP API: incidents, silences, /healthz."""
+    import uvicorn
+
+    from services.api.app import create_app
+
+    settings = _settings()
+    uvicorn.run(
+        create_app(settings),
+        host=host or settings.api_host,
+        port=port or settings.api_port,
+        log_level=settings.log_level.lower(),
+    )
 
 
 @app.command()

@@ -161,6 +161,10 @@ class Settings(BaseSettings):
         default=6000, ge=500, description="Prompt budget in tokens (approximated as characters / 4)."
     )
 
+    # API (services/api; `medic api serve`)
+    api_host: str = Field(default="0.0.0.0", description="Address the API service (incidents, silences) listens on.")
+    api_port: int = Field(default=8080, description="Port of the API service.")
+
     @property
     def bootstrap_servers(self) -> str:
         """The Kafka bootstrap servers to connect to."""

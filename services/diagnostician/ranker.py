@@ -1,0 +1,372 @@
+"""The offline evidence ranker: root-cause hypotheses from signal matches, retrieval and history.
+
+Every runbook is a hypothesis. Its score adds, per kind of evidence, how well the incident's evidence
+matches the runbook's front-matter ``signals``:
+
+========== ====== =============================================================================
+feature    weight match
+========== ====== =============================================================================
+anomalies  1.0    alert signal names vs ``signals.anomalies``
+xid        2.0    XID codes vs ``signals.xid`` (decisive: an XID code names the failure)
+logs       0.8    log lines and templates vs ``signals.logs`` (drain templates, ``<*>`` wildcards)
+events     0.6    Kubernetes event reasons vs ``signals.events``
+metrics    0.3    metric names in alert evidence vs ``signals.metrics``
+========== ====== =============================================================================
+
+Within a kind the match is the cosine between the two binary vectors, each feature weighted by its
+inverse document frequency over the runbooks (``gpu_xid`` is listed by 15 runbooks and says little on
+its own; ``node_flapping`` by 2). Cosine rewards a runbook whose signals are all present over one
+that lists many more: precision and recall in one number. A kind the incident has no evidence of
+adds nothing, so runbooks are not penalised for listing metrics the detectors never report.
+
+Retrieval then adds up to 0.5 (the runbook's hybrid-search score over the best hit's) and similar
+past incidents or post-mortems up to 0.4 to the runbook with their root cause. An XID with no runbook
+of its own becomes a hypothesis from the XID catalog's remediation in the alert evidence.
+
+Confidence is a softmax of the scores (temperature 0.5) that includes a constant "none of these"
+score of 0.5, so one weak match does not read as certainty and a decisive XID match does.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from services.core.events import Citation, Hypothesis
+from services.diagnostician.documents import default_knowledge_dir
+from services.diagnostician.kb import SearchHit
+from services.diagnostician.runbooks import PLAYBOOK_DEFAULT_LEVELS, Runbook, load_runbooks
+from services.diagnostician.tools import Evidence, topology_of
+
+WEIGHTS: dict[str, float] = {"anomalies": 1.0, "xid": 2.0, "logs": 0.8, "events": 0.6, "metrics": 0.3}
+# Signals of the learned detectors and log novelty say "something is odd", not what: every runbook
+# could list them, so the few that do must not win on them.
+GENERIC_SIGNALS = frozenset({"metric_outlier", "sequence_anomaly", "log_new_template", "log_template_burst"})
+GENERIC_FACTOR = 0.25
+RETRIEVAL_WEIGHT = 0.5
+SIMILAR_WEIGHT = 0.4
+XID_CATALOG_SCORE = 1.5
+# An XID failure mode always logs its XID: without any XID in the evidence, its runbook is unlikely.
+NO_XID_FACTOR = 0.3
+NONE_OF_THESE = 0.5
+TEMPERATURE = 0.5
+MAX_HYPOTHESES = 5
+_TOKEN = re.compile(r"[A-Za-z0-9_.:/-]+")
+_PLACEHOLDER = re.compile(r"<[^<>\s]*>")
+
+# Which topology labels each playbook acts on (its parameters, filled from the incident).
+PLAYBOOK_PARAMS: dict[str, tuple[str, ...]] = {
+    "restart_pod": ("pod", "namespace"),
+    "rollout_restart": ("deployment", "model", "namespace"),
+    "drain_replica": ("pod", "model", "namespace"),
+    "reduce_max_num_seqs": ("deployment", "model", "namespace"),
+    "switch_variant": ("deployment", "model", "namespace"),
+    "scale_replicas": ("deployment", "model", "namespace"),
+    "cordon_node": ("node",),
+    "uncordon_node": ("node",),
+    "drain_node": ("node",),
+    "reset_gpu": ("node", "gpu"),
+    "reboot_node": ("node",),
+    "rollback_deployment": ("deployment", "model", "namespace"),
+    "page_oncall": (),
+}
+
+
+@dataclass(frozen=True)
+class LogPattern:
+    """A runbook log template compiled for matching lines and other templates."""
+
+    template: str
+    regex: re.Pattern[str]
+    tokens: frozenset[str]
+
+    @classmethod
+    def of(cls, template: str) -> LogPattern:
+        parts = [re.escape(part.strip()) for part in template.split("<*>")]
+        regex = re.compile(r".*?".join(p for p in parts if p), re.IGNORECASE)
+        tokens = frozenset(t.lower() for t in _TOKEN.findall(template.replace("<*>", " ")) if len(t) > 2)
+        return cls(template, regex, tokens)
+
+    def matches(self, line: str) -> bool:
+        """True when the line (or a drain template) fits the pattern, by regex or by 70% of its words."""
+        if self.regex.search(line):
+            return True
+        if not self.tokens:
+            return False
+        words = {t.lower() for t in _TOKEN.findall(_PLACEHOLDER.sub(" ", line))}
+        return len(self.tokens & words) / len(self.tokens) >= 0.7
+
+
+@dataclass
+class RunbookIndex:
+    """Runbooks with the per-feature IDF weights and compiled log patterns the ranker needs."""
+
+    runbooks: tuple[Runbook, ...]
+    features: dict[str, dict[str, frozenset[Any]]] = field(default_factory=dict)
+    idf: dict[str, dict[Any, float]] = field(default_factory=dict)
+    patterns: dict[str, tuple[LogPattern, ...]] = field(default_factory=dict)
+    by_root_cause: dict[str, Runbook] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, runbooks: Sequence[Runbook]) -> RunbookIndex:
+        """Precompute feature sets, IDF weights and log patterns."""
+        index = cls(tuple(runbooks))
+        n = len(runbooks)
+        for rb in runbooks:
+            s = rb.signals
+            index.features[rb.id] = {
+                "anomalies": frozenset(s.anomalies),
+                "xid": frozenset(s.xid),
+                "events": frozenset(s.events),
+                "metrics": frozenset(s.metrics),
+                "logs": frozenset(range(len(s.logs))),
+            }
+            index.patterns[rb.id] = tuple(LogPattern.of(t) for t in s.logs)
+            index.by_root_cause[rb.root_cause] = rb
+        for kind in ("anomalies", "xid", "events", "metrics"):
+            df: dict[Any, int] = {}
+            for feats in index.features.values():
+                for f in feats[kind]:
+                    df[f] = df.get(f, 0) + 1
+            index.idf[kind] = {f: math.log(1.0 + n / count) for f, count in df.items()}
+        for signal in GENERIC_SIGNALS & set(index.idf["anomalies"]):
+            index.idf["anomalies"][signal] *= GENERIC_FACTOR
+        return index
+
+    def weight(self, kind: str, feature: Any) -> float:
+        """IDF weight of a feature (log templates are all equally specific)."""
+        if kind == "logs":
+            return 1.0
+        return self.idf[kind].get(feature, 0.0)
+
+
+_INDEX_CACHE: dict[Path, RunbookIndex] = {}
+_INDEX_LOCK = threading.Lock()
+
+
+def runbook_index(root: Path | None = None) -> RunbookIndex:
+    """The runbook index for ``root/runbooks`` (default the repository's knowledge), built once per process."""
+    folder = (root or default_knowledge_dir()).resolve() / "runbooks"
+    with _INDEX_LOCK:
+        if folder not in _INDEX_CACHE:
+            _INDEX_CACHE[folder] = RunbookIndex.build(load_runbooks(folder))
+        return _INDEX_CACHE[folder]
+
+
+@dataclass
+class Scored:
+    """A hypothesis being scored."""
+
+    cause: str
+    score: float = 0.0
+    runbook: Runbook | None = None
+    evidence: list[str] = field(default_factory=list)
+    citations: list[Citation] = field(default_factory=list)
+    playbook: str | None = None
+    level: int | None = None
+    summary: str = ""
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+def _cosine(matched: Iterable[Any], rb_feats: Iterable[Any], ev_feats: Iterable[Any], w: Any) -> float:
+    top = sum(w(f) ** 2 for f in matched)
+    if top == 0:
+        return 0.0
+    rb_norm = math.sqrt(sum(w(f) ** 2 for f in rb_feats))
+    ev_norm = math.sqrt(sum(w(f) ** 2 for f in ev_feats))
+    return top / (rb_norm * ev_norm) if rb_norm and ev_norm else 0.0
+
+
+def _coverage(matched: Iterable[Any], ev_feats: Iterable[Any], w: Any) -> float:
+    total = sum(w(f) for f in ev_feats)
+    return sum(w(f) for f in matched) / total if total else 0.0
+
+
+def signal_scores(evidence: Evidence, index: RunbookIndex) -> dict[str, Scored]:
+    """Score every runbook by how its front-matter signals match the evidence (no retrieval)."""
+    known = {kind: set().union(*(f[kind] for f in index.features.values())) for kind in WEIGHTS if kind != "logs"}
+    ev_sets: dict[str, set[Any]] = {
+        "anomalies": evidence.signals & known["anomalies"],
+        "xid": evidence.xids & known["xid"],
+        "events": evidence.event_reasons & known["events"],
+        "metrics": evidence.metrics & known["metrics"],
+    }
+    out: dict[str, Scored] = {}
+    for rb in index.runbooks:
+        feats = index.features[rb.id]
+        scored = Scored(cause=rb.root_cause, runbook=rb)
+        for kind in ("anomalies", "xid", "events", "metrics"):
+            if not ev_sets[kind]:
+                continue
+            matched = feats[kind] & ev_sets[kind]
+            weight = partial(index.weight, kind)
+            if kind == "metrics":
+                # runbooks list every metric worth a look, detectors report a few: score the share of the
+                # evidence's metrics the runbook explains, without penalising the runbook's other metrics
+                value = _coverage(matched, ev_sets[kind], weight)
+            else:
+                value = _cosine(matched, feats[kind], ev_sets[kind], weight)
+            if value:
+                scored.parts[kind] = WEIGHTS[kind] * value
+                scored.evidence.extend(_describe(kind, sorted(matched, key=str)))
+        if evidence.log_lines and index.patterns[rb.id]:
+            hits = [p for p in index.patterns[rb.id] if any(p.matches(line) for line in evidence.log_lines)]
+            if hits:
+                # share of the runbook's templates seen, softened: one distinctive line is strong evidence
+                scored.parts["logs"] = WEIGHTS["logs"] * math.sqrt(len(hits) / len(index.patterns[rb.id]))
+                scored.evidence.extend(f"log line matches '{p.template}'" for p in hits)
+        scored.score = sum(scored.parts.values())
+        if feats["xid"] and not evidence.xids:
+            scored.score *= NO_XID_FACTOR
+        out[rb.root_cause] = scored
+    return out
+
+
+def _describe(kind: str, matched: Sequence[Any]) -> list[str]:
+    if kind == "anomalies":
+        return [f"anomaly signal {m}" for m in matched]
+    if kind == "xid":
+        return [f"XID {m}" for m in matched]
+    if kind == "events":
+        return [f"Kubernetes event {m}" for m in matched]
+    return [f"metric {m}" for m in matched]
+
+
+def rank(
+    evidence: Evidence,
+    index: RunbookIndex,
+    hits: Sequence[SearchHit] = (),
+    *,
+    max_hypotheses: int = MAX_HYPOTHESES,
+) -> list[Hypothesis]:
+    """Rank root-cause hypotheses for the evidence, best first, with normalised confidence.
+
+    Args:
+        evidence: what the tools found.
+        index: the runbooks.
+        hits: hybrid-search results for a query built from the evidence (runbooks, post-mortems,
+            past incidents), best first; empty when retrieval is unavailable.
+        max_hypotheses: how many to return.
+    """
+    scored = signal_scores(evidence, index)
+    _add_retrieval(scored, hits)
+    _add_xid_catalog(scored, evidence, index)
+    ranked = sorted((s for s in scored.values() if s.score > 0), key=lambda s: (-s.score, s.cause))
+    top = ranked[:max_hypotheses]
+    # softmax over every scored hypothesis plus a "none of these" score
+    total = sum(math.exp(s.score / TEMPERATURE) for s in ranked) + math.exp(NONE_OF_THESE / TEMPERATURE)
+    facts = evidence.facts
+    out: list[Hypothesis] = []
+    for s in top:
+        if s.runbook is not None:
+            first = s.runbook.playbooks[0]
+            s.playbook, s.level = first.name, first.level
+            s.summary = s.summary or s.runbook.title
+            if not any(c.doc_id == s.runbook.id for c in s.citations):
+                s.citations.insert(0, Citation(doc_id=s.runbook.id, title=s.runbook.title, score=round(s.score, 4)))
+        cited = list(dict.fromkeys(s.evidence))
+        cited.extend(f for f in facts[:3] if f not in cited)
+        out.append(
+            Hypothesis(
+                cause=s.cause,
+                confidence=round(min(1.0, math.exp(s.score / TEMPERATURE) / total), 4),
+                summary=s.summary,
+                evidence=tuple(cited[:12]),
+                citations=tuple(s.citations[:5]),
+                playbook=s.playbook,
+                level=s.level,
+            )
+        )
+    return out
+
+
+def _add_retrieval(scored: dict[str, Scored], hits: Sequence[SearchHit]) -> None:
+    runbook_hits = [h for h in hits if h.kind == "runbook"]
+    similar = [h for h in hits if h.kind in ("incident", "postmortem", "report")]
+    if runbook_hits:
+        best = runbook_hits[0].score
+        for hit in runbook_hits:
+            s = scored.get(hit.root_cause)
+            if s is None or best <= 0:
+                continue
+            s.parts["retrieval"] = RETRIEVAL_WEIGHT * hit.score / best
+            s.score += s.parts["retrieval"]
+            s.citations.append(Citation(doc_id=hit.doc_id, title=hit.title, excerpt=hit.excerpt, score=hit.score))
+    if similar:
+        best = similar[0].score
+        for hit in similar:
+            s = scored.get(hit.root_cause)
+            if s is None or best <= 0:
+                continue
+            bonus = SIMILAR_WEIGHT * hit.score / best
+            if bonus > s.parts.get("similar", 0.0):
+                s.score += bonus - s.parts.get("similar", 0.0)
+                s.parts["similar"] = bonus
+            s.citations.append(Citation(doc_id=hit.doc_id, title=hit.title, excerpt=hit.excerpt, score=hit.score))
+            s.evidence.append(f"similar to {hit.kind} {hit.doc_id}")
+
+
+def _add_xid_catalog(scored: dict[str, Scored], evidence: Evidence, index: RunbookIndex) -> None:
+    covered = set().union(*(f["xid"] for f in index.features.values()))
+    for code in sorted(evidence.xids - covered):
+        remediation = _catalog_remediation(evidence, code)
+        playbook = remediation if remediation in PLAYBOOK_DEFAULT_LEVELS else "page_oncall"
+        scored[f"gpu_xid_{code}"] = Scored(
+            cause=f"gpu_xid_{code}",
+            score=XID_CATALOG_SCORE,
+            evidence=[f"XID {code} (NVIDIA XID catalog; no runbook for this code)"],
+            playbook=playbook,
+            level=PLAYBOOK_DEFAULT_LEVELS[playbook],
+            summary=f"GPU XID {code}: follow the catalog's resolution",
+        )
+
+
+def _catalog_remediation(evidence: Evidence, code: int) -> str:
+    for alert in evidence.incident.alerts:
+        if alert.evidence.get("xid") == code and isinstance(alert.evidence.get("remediation"), str):
+            return str(alert.evidence["remediation"])
+    return ""
+
+
+def playbook_params(playbook: str | None, evidence: Evidence) -> dict[str, Any]:
+    """Parameters for the proposed playbook, from the incident's topology labels (the first alert wins)."""
+    if not playbook:
+        return {}
+    wanted = PLAYBOOK_PARAMS.get(playbook, ())
+    params: dict[str, Any] = {}
+    sources: list[Mapping[str, str]] = [*(a.labels for a in evidence.incident.alerts), evidence.incident.labels]
+    for labels in sources:
+        topo = topology_of(labels)
+        for key in wanted:
+            if key in topo and key not in params:
+                params[key] = topo[key]
+    return params
+
+
+def supported_level(evidence: Evidence, index: RunbookIndex) -> int:
+    """The highest playbook level any runbook whose signals match the evidence asks for (1 if none match).
+
+    The LLM diagnostician may not propose a playbook above this: evidence of a KV-cache problem does
+    not justify rebooting a node, whatever a log line says.
+    """
+    level = 1
+    for s in signal_scores(evidence, index).values():
+        if s.score > 0 and s.runbook is not None:
+            level = max(level, *(p.level for p in s.runbook.playbooks))
+    return level
+
+
+def matching_playbooks(evidence: Evidence, index: RunbookIndex) -> dict[str, int]:
+    """Playbooks of the runbooks whose signals match the evidence, each with the highest level they ask for."""
+    levels: dict[str, int] = {}
+    for s in signal_scores(evidence, index).values():
+        if s.score > 0 and s.runbook is not None:
+            for p in s.runbook.playbooks:
+                levels[p.name] = max(levels.get(p.name, 0), p.level)
+    return levels

@@ -1,0 +1,108 @@
+"""The diagnostician service: consume ``incidents.v1``, diagnose, store, publish ``diagnoses.v1``.
+
+A plain kafka-python consumer in a consumer group (not a Faust agent: diagnosing is request/response
+work with a database and, optionally, an LLM call, with no stream state to co-partition). Offsets are
+committed after the diagnoses of a poll are stored and acknowledged by Kafka, so a crash re-diagnoses
+at most one poll's incidents (at-least-once; a repeated diagnosis is a new row, harmless).
+
+Only ``opened`` and ``updated`` events are diagnosed: a mitigated or resolved incident needs no new
+diagnosis. A message that is not an IncidentEvent goes to ``deadletter.v1`` and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from kafka import KafkaConsumer
+from kafka.errors import KafkaError
+
+from services.core.bus import KafkaPublisher
+from services.core.errors import ClusterMedicError, EventError, InfraNotReady
+from services.core.events import DeadLetter, IncidentEvent
+from services.core.settings import Settings
+from services.diagnostician.diagnostician import Diagnostician, diagnose_incident, make_diagnostician
+
+log = logging.getLogger(__name__)
+
+CONSUMER = "diagnostician"
+DIAGNOSED_KINDS = frozenset({"opened", "updated"})
+
+
+def run(
+    settings: Settings,
+    *,
+    diagnostician: Diagnostician | None = None,
+    stop: threading.Event | None = None,
+    max_messages: int | None = None,
+    poll_timeout_ms: int = 500,
+) -> int:
+    """Consume incidents until ``stop`` is set or ``max_messages`` were handled; return how many were.
+
+    Args:
+        settings: Kafka, database and diagnostician settings.
+        diagnostician: default :func:`make_diagnostician` of the settings.
+        stop: set it to end the loop after the current poll.
+        max_messages: end after this many messages (tests, one-shot runs).
+        poll_timeout_ms: how long one poll waits for messages.
+
+    Raises:
+        InfraNotReady: Kafka is unreachable at start.
+    """
+    doctor = diagnostician or make_diagnostician(settings)
+    try:
+        consumer = KafkaConsumer(
+            settings.topic(IncidentEvent.topic),
+            bootstrap_servers=settings.bootstrap_servers,
+            group_id=f"{settings.faust_app_id}-{CONSUMER}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+    except KafkaError as exc:
+        raise InfraNotReady(f"no Kafka broker at {settings.bootstrap_servers}: {exc}") from exc
+    handled = 0
+    stop = stop or threading.Event()
+    try:
+        with KafkaPublisher(settings) as publisher:
+            while not stop.is_set() and (max_messages is None or handled < max_messages):
+                batches = consumer.poll(timeout_ms=poll_timeout_ms, max_records=50)
+                if not batches:
+                    continue
+                for records in batches.values():
+                    for record in records:
+                        handle(record.value, record.key, settings, doctor, publisher)
+                        handled += 1
+                publisher.flush()
+                consumer.commit()
+    finally:
+        consumer.close()
+    return handled
+
+
+def handle(raw: bytes, key: bytes | None, settings: Settings, doctor: Diagnostician, publisher: KafkaPublisher) -> None:
+    """Diagnose one incidents.v1 message; bad input goes to the dead-letter topic, never raises for it."""
+    try:
+        incident = IncidentEvent.from_bytes(raw)
+    except EventError as exc:
+        publisher.publish(
+            DeadLetter.of(
+                raw=raw,
+                source_topic=IncidentEvent.topic,
+                error=exc,
+                consumer=CONSUMER,
+                ts=time.time(),
+                source_key=key,
+            )
+        )
+        return
+    if incident.kind not in DIAGNOSED_KINDS:
+        return
+    try:
+        diagnosis = diagnose_incident(incident, settings, diagnostician=doctor, publisher=publisher)
+    except ClusterMedicError as exc:
+        # the store or the bus failed: log and go on; the incident is re-diagnosed on its next update
+        log.error("cannot diagnose %s: %s", incident.incident_id, exc)
+        return
+    top = diagnosis.hypotheses[0].cause if diagnosis.hypotheses else "none"
+    log.info("diagnosed %s: %s in %.1f ms", incident.incident_id, top, diagnosis.latency_ms)

@@ -1,0 +1,453 @@
+"""Evidence tools: what the diagnosticians know about an incident, each as a plugin returning a ToolResult.
+
+Like HolmesGPT's toolsets, a tool returns a typed result (``ok`` with data, ``no_data``, or ``error``
+with a message) and never raises: one broken source (the database is down, an alert carries odd
+evidence) must not stop a diagnosis that the other tools can still support.
+
+Tools read the incident's alerts (``AlertRef.evidence`` holds what each detector saw) and, when a
+connection is given, the ``anomalies`` table. :func:`gather_evidence` runs every registered tool and
+condenses the results into an :class:`Evidence`, the input of both diagnosticians.
+
+Registered tools (one line each in :data:`TOOLS`)::
+
+    incident_anomalies   the incident's anomalies and their features
+    metric_windows       metric values and windows the detectors recorded, by entity
+    log_events           top log templates (with an example line) and Kubernetes events
+    topology             neighbours: the nodes, GPUs, pods and models the alerts touch
+    recent_changes       rollouts and scaling changes near the incident
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import psycopg
+from pydantic import BaseModel, ConfigDict
+
+from services.core.events import AlertRef, IncidentEvent
+from services.core.registry import Registry
+from services.diagnostician.runbooks import METRIC_NAME
+
+log = logging.getLogger(__name__)
+
+TOPOLOGY_LABELS: tuple[str, ...] = ("cluster", "node", "gpu", "pod", "model", "namespace", "deployment")
+_NODE_LABELS = ("node", "Hostname", "hostname", "instance")
+_GPU_LABELS = ("gpu", "UUID", "gpu_uuid")
+CHANGE_REASONS = frozenset({"ScalingReplicaSet", "SuccessfulCreate", "RollingUpdate", "Rollout", "DeploymentRollback"})
+CHANGE_SIGNALS = frozenset({"latency_regression"})
+LOG_DETECTORS = frozenset({"log_templates", "logtemplates"})
+EVENT_DETECTORS = frozenset({"kube_events", "k8s_events", "events"})
+_XID_IN_LINE = re.compile(r"Xid \((?:PCI:)?[^)]*\): (\d+)")
+
+# Learned detectors (iforest, lstm) report which features deviated (``top_deviations``, z-scores, or
+# ``window_drift``). A deviation in the direction a failure pushes a feature is evidence of the metric
+# behind it: a GPU running hot, filling its memory, or a pod's queue growing. Features are named as in
+# pipelines/features.py; the sign is the harmful direction.
+FEATURE_METRICS: dict[str, tuple[str, int]] = {
+    "temp_c": ("DCGM_FI_DEV_GPU_TEMP", +1),
+    "mem_used_frac": ("DCGM_FI_DEV_FB_USED", +1),
+    "power_w": ("DCGM_FI_DEV_POWER_USAGE", +1),
+    "sm_clock_mhz": ("DCGM_FI_DEV_SM_CLOCK", -1),
+    "gpu_util": ("DCGM_FI_DEV_GPU_UTIL", -1),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", +1),
+    "requests_waiting": ("vllm:num_requests_waiting", +1),
+    "ttft_p50_s": ("vllm:time_to_first_token_seconds", +1),
+    "ttft_p99_s": ("vllm:time_to_first_token_seconds", +1),
+    "tpot_p50_s": ("vllm:inter_token_latency_seconds", +1),
+    "e2e_p99_s": ("vllm:e2e_request_latency_seconds", +1),
+    "preemptions_per_s": ("vllm:num_preemptions_total", +1),
+    "error_rate": ("vllm:request_success_total", +1),
+}
+DEVIATION_Z = 2.0
+# Evidence keys the rule detectors use for the metric they measured (rules_serving, rules_gpu, slo_burn).
+EVIDENCE_KEY_METRICS: dict[str, str] = {
+    "kv_cache_usage": "vllm:kv_cache_usage_perc",
+    "waiting": "vllm:num_requests_waiting",
+    "preemptions_in_window": "vllm:num_preemptions_total",
+    "error_ratio": "vllm:request_success_total",
+    "used_mib": "DCGM_FI_DEV_FB_USED",
+}
+# Detector signal names that runbooks know under another name.
+SIGNAL_ALIASES: dict[str, str] = {"vram_pressure": "vram_leak", "log_rare_template": "log_new_template"}
+
+
+class ToolResult(BaseModel):
+    """What a tool found.
+
+    Attributes:
+        tool: the tool's registry name.
+        status: ``ok`` (data holds the findings), ``no_data`` (nothing relevant) or ``error``.
+        data: the findings, JSON-serialisable.
+        error: what went wrong, for ``error``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    tool: str
+    status: Literal["ok", "error", "no_data"]
+    data: Any = None
+    error: str = ""
+
+
+@dataclass
+class ToolContext:
+    """What a tool may read: the incident and, optionally, a database connection."""
+
+    incident: IncidentEvent
+    conn: psycopg.Connection | None = None
+    lookback_s: float = 3600.0
+
+
+class EvidenceTool(ABC):
+    """A source of evidence about an incident.
+
+    Contract: :meth:`run` never raises; subclasses implement :meth:`collect`, which may raise, and
+    return ``None`` (or an empty value) when there is nothing to report.
+    """
+
+    name: str = "tool"
+    description: str = ""
+
+    def run(self, ctx: ToolContext) -> ToolResult:
+        """Collect evidence; failures become ``status='error'`` results."""
+        try:
+            data = self.collect(ctx)
+        except Exception as exc:
+            log.warning("diagnostic tool %s failed: %s", self.name, exc)
+            if ctx.conn is not None and not ctx.conn.autocommit:
+                try:
+                    ctx.conn.rollback()
+                except psycopg.Error:
+                    pass
+            return ToolResult(tool=self.name, status="error", error=f"{type(exc).__name__}: {exc}")
+        if not data:
+            return ToolResult(tool=self.name, status="no_data")
+        return ToolResult(tool=self.name, status="ok", data=data)
+
+    @abstractmethod
+    def collect(self, ctx: ToolContext) -> Any:
+        """Return the findings (JSON-serialisable) or an empty value."""
+
+
+def _firing(incident: IncidentEvent) -> tuple[AlertRef, ...]:
+    firing = tuple(a for a in incident.alerts if a.status == "firing")
+    return firing or incident.alerts
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class IncidentAnomaliesTool(EvidenceTool):
+    """The incident's anomalies (one per alert) with their detector features, plus stored occurrences."""
+
+    name = "incident_anomalies"
+    description = "anomalies behind the incident's alerts, with the features each detector recorded"
+
+    def collect(self, ctx: ToolContext) -> Any:
+        out: list[dict[str, Any]] = [
+            {
+                "entity": a.entity,
+                "signal": a.signal,
+                "detector": a.detector,
+                "severity": a.severity,
+                "status": a.status,
+                "starts_at": a.starts_at,
+                "labels": dict(a.labels),
+                "features": dict(a.evidence),
+            }
+            for a in ctx.incident.alerts
+        ]
+        if ctx.conn is not None and ctx.incident.alerts:
+            prints = [a.fingerprint for a in ctx.incident.alerts]
+            rows = ctx.conn.execute(
+                "SELECT fingerprint, count(*), max(score), max(ts) FROM anomalies"
+                " WHERE fingerprint = ANY(%s) GROUP BY fingerprint",
+                (prints,),
+            ).fetchall()
+            if not ctx.conn.autocommit:
+                ctx.conn.rollback()
+            stored = {row[0]: {"occurrences": int(row[1]), "max_score": row[2]} for row in rows}
+            for item, alert in zip(out, ctx.incident.alerts, strict=True):
+                if alert.fingerprint in stored:
+                    item["history"] = stored[alert.fingerprint]
+        return out
+
+
+class MetricWindowsTool(EvidenceTool):
+    """Metric values and windows the detectors put in alert evidence, grouped by entity."""
+
+    name = "metric_windows"
+    description = "recent metric values (and windows) of the incident's entities"
+
+    def collect(self, ctx: ToolContext) -> Any:
+        by_entity: dict[str, dict[str, Any]] = {}
+        for alert in _firing(ctx.incident):
+            metrics = by_entity.setdefault(alert.entity, {})
+            for key, value in _metric_items(alert.evidence):
+                metrics[key] = value
+        return {entity: metrics for entity, metrics in by_entity.items() if metrics}
+
+
+def _metric_items(evidence: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    for key, value in evidence.items():
+        if key in ("metrics", "window", "windows") and isinstance(value, Mapping):
+            for name, inner in value.items():
+                if _scalar(inner) or (isinstance(inner, list) and all(_scalar(x) for x in inner[:100])):
+                    yield str(name), inner[-60:] if isinstance(inner, list) else inner
+        elif key == "metric" and isinstance(value, str):
+            yield value, evidence.get("value")
+        elif METRIC_NAME.match(key) and (_scalar(value) or isinstance(value, list)):
+            yield key, value
+        elif _scalar(value) and key not in ("score", "threshold", "since", "samples", "template_id", "count"):
+            yield key, value
+
+
+class LogEventsTool(EvidenceTool):
+    """Top log templates (count, an example line) and Kubernetes events among the incident's alerts."""
+
+    name = "log_events"
+    description = "top log templates with an example line, and Kubernetes events (reason, message)"
+
+    def collect(self, ctx: ToolContext) -> Any:
+        templates: Counter[str] = Counter()
+        examples: dict[str, str] = {}
+        events: Counter[str] = Counter()
+        messages: dict[str, str] = {}
+        for alert in ctx.incident.alerts:
+            ev = alert.evidence
+            template = ev.get("template")
+            if isinstance(template, str) and (alert.detector in LOG_DETECTORS or template):
+                templates[template] += int(ev.get("count", 1)) if _scalar(ev.get("count", 1)) else 1
+                if isinstance(ev.get("example"), str):
+                    examples.setdefault(template, ev["example"])
+            reason = _event_reason(alert)
+            if reason:
+                events[reason] += int(ev.get("count", 1)) if _scalar(ev.get("count", 1)) else 1
+                message = ev.get("message") or (ev.get("event") or {}).get("message", "")
+                if isinstance(message, str) and message:
+                    messages.setdefault(reason, message)
+        if not templates and not events:
+            return None
+        return {
+            "templates": [
+                {"template": t, "count": n, "example": examples.get(t, "")} for t, n in templates.most_common(10)
+            ],
+            "events": [{"reason": r, "count": n, "message": messages.get(r, "")} for r, n in events.most_common(10)],
+        }
+
+
+def _event_reason(alert: AlertRef) -> str:
+    ev = alert.evidence
+    for candidate in (ev.get("reason"), ev.get("event_reason"), (ev.get("event") or {}).get("reason")):
+        if isinstance(candidate, str) and candidate:
+            return candidate
+    return ""
+
+
+class TopologyTool(EvidenceTool):
+    """The nodes, GPUs, pods and models the alerts touch, and which alerts share each of them."""
+
+    name = "topology"
+    description = "topology neighbours (node, GPU, pod, model) of the incident's entities"
+
+    def collect(self, ctx: ToolContext) -> Any:
+        values: dict[str, Counter[str]] = {}
+        for labels in [ctx.incident.labels, *(a.labels for a in ctx.incident.alerts)]:
+            for key, value in topology_of(labels).items():
+                values.setdefault(key, Counter())[value] += 1
+        out: dict[str, Any] = {key: sorted(counter) for key, counter in values.items()}
+        if ctx.conn is not None and values.get("node"):
+            nodes = sorted(values["node"])
+            since = datetime.fromtimestamp(ctx.incident.opened_at - ctx.lookback_s, UTC)
+            rows = ctx.conn.execute(
+                "SELECT DISTINCT entity, signal FROM anomalies"
+                " WHERE ts >= %s AND (labels->>'node' = ANY(%s) OR labels->>'Hostname' = ANY(%s)) LIMIT 50",
+                (since, nodes, nodes),
+            ).fetchall()
+            if not ctx.conn.autocommit:
+                ctx.conn.rollback()
+            own = {(a.entity, a.signal) for a in ctx.incident.alerts}
+            neighbours = [{"entity": r[0], "signal": r[1]} for r in rows if (r[0], r[1]) not in own]
+            if neighbours:
+                out["neighbour_anomalies"] = neighbours
+        return out
+
+
+def topology_of(labels: Mapping[str, str]) -> dict[str, str]:
+    """The topology labels of an alert (cluster, node, gpu, pod, model...), DCGM's Hostname/UUID folded in."""
+    out: dict[str, str] = {}
+    for key in TOPOLOGY_LABELS:
+        if labels.get(key):
+            out[key] = labels[key]
+    for key in _NODE_LABELS:
+        if labels.get(key) and "node" not in out:
+            out["node"] = labels[key]
+    for key in _GPU_LABELS:
+        if labels.get(key) and "gpu" not in out:
+            out["gpu"] = labels[key]
+    return out
+
+
+class RecentChangesTool(EvidenceTool):
+    """Rollouts and scaling near the incident: latency-regression alerts and rollout-type events."""
+
+    name = "recent_changes"
+    description = "recent changes: rollouts (latency_regression, ScalingReplicaSet events)"
+
+    def collect(self, ctx: ToolContext) -> Any:
+        changes = [
+            {"entity": a.entity, "signal": a.signal, "reason": _event_reason(a), "at": a.starts_at}
+            for a in ctx.incident.alerts
+            if a.signal in CHANGE_SIGNALS or _event_reason(a) in CHANGE_REASONS
+        ]
+        if ctx.conn is not None:
+            since = datetime.fromtimestamp(ctx.incident.opened_at - ctx.lookback_s, UTC)
+            rows = ctx.conn.execute(
+                "SELECT entity, signal, evidence->>'reason', extract(epoch FROM ts) FROM anomalies"
+                " WHERE ts >= %s AND (signal = ANY(%s) OR evidence->>'reason' = ANY(%s))"
+                " ORDER BY ts DESC LIMIT 20",
+                (since, sorted(CHANGE_SIGNALS), sorted(CHANGE_REASONS)),
+            ).fetchall()
+            if not ctx.conn.autocommit:
+                ctx.conn.rollback()
+            seen = {(c["entity"], c["signal"]) for c in changes}
+            changes.extend(
+                {"entity": r[0], "signal": r[1], "reason": r[2] or "", "at": float(r[3])}
+                for r in rows
+                if (r[0], r[1]) not in seen
+            )
+        return changes
+
+
+TOOLS: Registry[type[EvidenceTool]] = Registry(
+    "diagnostic tool",
+    {
+        "incident_anomalies": "services.diagnostician.tools:IncidentAnomaliesTool",
+        "metric_windows": "services.diagnostician.tools:MetricWindowsTool",
+        "log_events": "services.diagnostician.tools:LogEventsTool",
+        "topology": "services.diagnostician.tools:TopologyTool",
+        "recent_changes": "services.diagnostician.tools:RecentChangesTool",
+    },
+    base=EvidenceTool,
+)
+
+
+# ----------------------------------------------------------------------------------- condensed
+
+
+@dataclass
+class Evidence:
+    """The evidence about one incident, condensed for matching against runbook signals.
+
+    Attributes:
+        incident: the incident.
+        signals: anomaly signal names of the alerts.
+        metrics: metric names seen in alert evidence.
+        xids: XID codes.
+        event_reasons: Kubernetes event reasons.
+        log_lines: log templates and example lines (untrusted text).
+        facts: short human-readable statements a hypothesis can cite.
+        results: every tool's raw result, by tool name.
+    """
+
+    incident: IncidentEvent
+    signals: set[str] = field(default_factory=set)
+    metrics: set[str] = field(default_factory=set)
+    xids: set[int] = field(default_factory=set)
+    event_reasons: set[str] = field(default_factory=set)
+    log_lines: list[str] = field(default_factory=list)
+    facts: list[str] = field(default_factory=list)
+    results: dict[str, ToolResult] = field(default_factory=dict)
+
+    def query_text(self) -> str:
+        """A retrieval query built from the evidence: title, signals, XIDs, reasons, metric names, logs."""
+        parts = [self.incident.title]
+        parts.extend(sorted(s.replace("_", " ") for s in self.signals))
+        parts.extend(f"XID {code}" for code in sorted(self.xids))
+        parts.extend(sorted(self.event_reasons))
+        parts.extend(sorted(self.metrics)[:10])
+        parts.extend(line[:200] for line in self.log_lines[:5])
+        return "\n".join(p for p in parts if p)
+
+
+def gather_evidence(
+    incident: IncidentEvent, conn: psycopg.Connection | None = None, tools: Iterable[str] | None = None
+) -> Evidence:
+    """Run the tools (default: all registered) and condense their results."""
+    ctx = ToolContext(incident=incident, conn=conn)
+    results: dict[str, ToolResult] = {}
+    for name in tools if tools is not None else TOOLS.names():
+        try:
+            tool = TOOLS.load(name)()
+        except Exception as exc:
+            results[name] = ToolResult(tool=name, status="error", error=str(exc))
+            continue
+        results[name] = tool.run(ctx)
+    return condense(incident, results)
+
+
+def condense(incident: IncidentEvent, results: Mapping[str, ToolResult]) -> Evidence:
+    """Build :class:`Evidence` from the incident and tool results (alerts are read directly too)."""
+    ev = Evidence(incident=incident, results=dict(results))
+    for alert in _firing(incident):
+        ev.signals.add(SIGNAL_ALIASES.get(alert.signal, alert.signal))
+        facts = [f"{alert.signal} on {alert.entity} ({alert.detector}, {alert.severity})"]
+        data = alert.evidence
+        code: Any = data.get("xid")
+        if _scalar(code) and int(code) > 0:
+            ev.xids.add(int(code))
+            facts.append(f"XID {int(code)} on {alert.entity}")
+        for key, value in _metric_items(data):
+            if METRIC_NAME.match(key):
+                ev.metrics.add(key)
+                if _scalar(value):
+                    facts.append(f"{key}={value:g} on {alert.entity}")
+        for key, metric in EVIDENCE_KEY_METRICS.items():
+            if _scalar(data.get(key)):
+                ev.metrics.add(metric)
+        sli = data.get("sli")
+        if isinstance(sli, str) and METRIC_NAME.match(sli):
+            ev.metrics.add(sli)
+        for metric, fact in _deviating_metrics(data, alert.entity):
+            ev.metrics.add(metric)
+            facts.append(fact)
+        reason = _event_reason(alert)
+        if reason:
+            ev.event_reasons.add(reason)
+            facts.append(f"event {reason} on {alert.entity}")
+        for key in ("template", "example", "line", "message"):
+            text = data.get(key)
+            if isinstance(text, str) and text:
+                ev.log_lines.append(text[:2000])
+                for match in _XID_IN_LINE.finditer(text):
+                    ev.xids.add(int(match.group(1)))
+        for fact in facts:
+            if fact not in ev.facts:
+                ev.facts.append(fact)
+    return ev
+
+
+def _deviating_metrics(evidence: Mapping[str, Any], entity: str) -> list[tuple[str, str]]:
+    """Metrics behind the features a learned detector saw deviate in their harmful direction."""
+    deviations = evidence.get("top_deviations") or evidence.get("window_drift")
+    if not isinstance(deviations, Mapping):
+        return []
+    out: list[tuple[str, str]] = []
+    # a GPU whose utilisation collapsed also drops its clock and power: that is idleness, not throttling
+    idle = _scalar(deviations.get("gpu_util")) and deviations["gpu_util"] <= -DEVIATION_Z
+    for feature, z in deviations.items():
+        if feature not in FEATURE_METRICS or not _scalar(z):
+            continue
+        metric, sign = FEATURE_METRICS[feature]
+        if z * sign < DEVIATION_Z or (idle and feature in ("sm_clock_mhz", "power_w")):
+            continue
+        out.append((metric, f"{feature} {z:+.1f} sigma on {entity} ({metric})"))
+    return out

@@ -1,0 +1,107 @@
+"""Slack app (Web API): one thread per incident with ``chat.postMessage`` and ``chat.update``.
+
+Config (a ``slack_configs`` entry): ``app_token`` or ``app_token_file`` (a bot token, ``xoxb-...``,
+sent as ``Authorization: Bearer``), ``channel`` (name or id), optional ``app_url`` (the
+``chat.postMessage`` URL; ``chat.update`` is its sibling), ``send_resolved``.
+
+The first notification of an incident posts the thread parent and keeps its ``ts`` (Redis, by incident
+id). Later ones reply with ``thread_ts``; when the incident's status changed (firing -> resolved, or
+back), the parent is first edited with ``chat.update`` so the channel shows the current state.
+
+Slack answers HTTP 200 even for failures: ``{"ok": false, "error": "..."}``. ``ratelimited`` (also
+sent as HTTP 429 with ``Retry-After``) and Slack's own transient errors are retryable; every other
+error (``channel_not_found``, ``invalid_auth``, ``invalid_blocks``...) is permanent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.notify.base import DeliveryResult, Message, Notifier, retry_after
+from services.notify.errors import NotifierConfigError, PermanentDelivery, RetryableDelivery
+from services.notify.render import slack
+from services.notify.render.pagerduty import dedup_key
+from services.notify.threads import ThreadRecord
+
+RETRYABLE_ERRORS = frozenset({"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"})
+
+
+class SlackAppNotifier(Notifier):
+    """Posts and threads Block Kit messages through Slack's Web API."""
+
+    name = "slack_app"
+    config_kind = "slack_configs"
+
+    def _urls(self) -> tuple[str, str]:
+        post = str(self.config.get("app_url") or f"{self.settings.slack_api_base.rstrip('/')}/chat.postMessage")
+        base = post.rsplit("/", 1)[0] if post.endswith("chat.postMessage") else self.settings.slack_api_base
+        return post, f"{base.rstrip('/')}/chat.update"
+
+    def call(self, url: str, body: dict[str, Any], token: str) -> dict[str, Any]:
+        """Call one Web API method and return its answer when ``ok``.
+
+        Raises:
+            RetryableDelivery: HTTP 429/5xx, a transport error, or a retryable Slack error.
+            PermanentDelivery: any other HTTP or Slack error.
+        """
+        response = self.post_json(url, body, headers={"Authorization": f"Bearer {token}"})
+        try:
+            answer = response.json()
+        except ValueError:
+            raise RetryableDelivery(f"{self.name}: Slack answered non-JSON: {response.text[:200]!r}") from None
+        if not isinstance(answer, dict):
+            raise PermanentDelivery(f"{self.name}: unexpected Slack answer {answer!r}"[:300])
+        if answer.get("ok") is True:
+            return answer
+        error = str(answer.get("error") or "unknown_error")
+        detail = f"{self.name}: {url.rsplit('/', 1)[-1]} failed: {error}"
+        if error in RETRYABLE_ERRORS:
+            raise RetryableDelivery(
+                detail, status_code=response.status_code, retry_after=retry_after(response.headers.get("Retry-After"))
+            )
+        raise PermanentDelivery(detail, status_code=response.status_code)
+
+    def send(self, message: Message) -> DeliveryResult:
+        """Post the thread parent, or update it and reply in its thread (contract on the base class)."""
+        channel = str(self.config.get("channel") or "")
+        if not channel:
+            raise NotifierConfigError(f"{self.name}: the config needs channel")
+        threads = self.context.threads
+        if threads is None:
+            raise NotifierConfigError(f"{self.name}: no thread store configured")
+        token = self.secret("app_token")
+        post_url, update_url = self._urls()
+        n = message.notification
+        incident = n.incident_id or dedup_key(n)
+        rendered = slack.render(
+            n, diagnosis=message.diagnosis, remediation=message.remediation, external_url=self.settings.external_url
+        )
+        parent = threads.get(channel, incident)
+        if parent is None:
+            answer = self.call(post_url, rendered.post_body(channel), token)
+            ts, channel_id = str(answer.get("ts", "")), str(answer.get("channel") or channel)
+            # SET NX: if another worker raced us to the parent, its record wins and ours stays a plain message
+            threads.create(channel, incident, ThreadRecord(channel=channel_id, ts=ts, status=n.status))
+            return DeliveryResult(
+                notifier=self.name,
+                receiver=n.receiver,
+                status_code=200,
+                requests=1,
+                external_id=ts,
+                truncated=rendered.truncated,
+            )
+        requests = 0
+        if parent.status != n.status:
+            # Edit the parent before replying: a retry after a failed reply then only replies again.
+            self.call(update_url, rendered.update_body(parent.channel, parent.ts), token)
+            requests += 1
+            threads.set_status(channel, incident, parent.model_copy(update={"status": n.status}))
+        answer = self.call(post_url, rendered.post_body(parent.channel, thread_ts=parent.ts), token)
+        return DeliveryResult(
+            notifier=self.name,
+            receiver=n.receiver,
+            status_code=200,
+            requests=requests + 1,
+            external_id=str(answer.get("ts", "")),
+            truncated=rendered.truncated,
+        )

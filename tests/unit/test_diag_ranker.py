@@ -1,0 +1,162 @@
+"""The offline evidence ranker on hand-made incidents: the right runbook ranks first, fast."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.core.events import AlertRef, IncidentEvent
+from services.core.settings import Settings
+from services.diagnostician.diagnostician import RankerDiagnostician
+from services.diagnostician.ranker import RunbookIndex, rank, runbook_index, supported_level
+from services.diagnostician.tools import gather_evidence
+
+T0 = 1_760_000_000.0
+
+
+def alert(signal: str, entity: str = "gpu-0", detector: str = "rules", **evidence: Any) -> AlertRef:
+    labels = evidence.pop("labels", {"node": "h100-a-07", "gpu": "5", "pod": "llama-0", "model": "llama-70b"})
+    return AlertRef(
+        fingerprint=f"{detector}:{signal}:{entity}",
+        entity=entity,
+        signal=signal,
+        detector=detector,
+        severity="critical",
+        starts_at=T0,
+        labels=labels,
+        evidence=evidence,
+    )
+
+
+def incident(*alerts: AlertRef, title: str = "incident") -> IncidentEvent:
+    return IncidentEvent(
+        incident_id="inc-test",
+        kind="opened",
+        severity="critical",
+        title=title,
+        alerts=alerts,
+        opened_at=T0,
+        ts=T0,
+    )
+
+
+@pytest.fixture(scope="module")
+def index() -> RunbookIndex:
+    return runbook_index()
+
+
+def top_causes(index: RunbookIndex, inc: IncidentEvent, n: int = 3) -> list[str]:
+    return [h.cause for h in rank(gather_evidence(inc), index)][:n]
+
+
+CASES: list[tuple[str, IncidentEvent, str]] = [
+    (
+        "xid79",
+        incident(
+            alert("gpu_xid", xid=79, mnemonic="GPU has fallen off the bus", remediation="reboot_node"),
+            alert("engine_dead", entity="llama-0", detector="log_templates", template="EngineDeadError <*>"),
+        ),
+        "gpu_xid_79",
+    ),
+    ("xid48", incident(alert("gpu_xid", xid=48), alert("ecc_dbe", DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=2)), "gpu_xid_48"),
+    ("xid74", incident(alert("gpu_xid", xid=74), alert("nccl_timeout", entity="llama-0")), "gpu_xid_74"),
+    (
+        "kv_cache",
+        incident(
+            alert("kv_cache_saturation", entity="llama-0", kv_cache_usage=0.99),
+            alert("preemption_storm", entity="llama-0", preemptions_in_window=40),
+            alert("queue_saturation", entity="llama-0", waiting=80, running=10),
+        ),
+        "kv_cache_exhaustion",
+    ),
+    (
+        "node_flapping",
+        incident(
+            alert("node_flapping", entity="node-3"), alert("node_not_ready", entity="node-3", reason="NodeNotReady")
+        ),
+        "node_flapping",
+    ),
+    (
+        "bad_rollout",
+        incident(
+            alert("latency_regression", entity="llama"),
+            alert("e2e_slo_burn", entity="llama"),
+            alert("ttft_slo_burn", entity="llama"),
+            alert("kube_event", entity="llama", detector="kube_events", reason="ScalingReplicaSet"),
+        ),
+        "bad_rollout",
+    ),
+    (
+        "nccl",
+        incident(
+            alert(
+                "nccl_timeout",
+                entity="llama-0",
+                detector="log_templates",
+                example="[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=88, OpType=ALLREDUCE)",
+            ),
+            alert("engine_dead", entity="llama-0"),
+        ),
+        "nccl_timeout",
+    ),
+    (
+        "thermal",
+        incident(alert("gpu_thermal_throttle", DCGM_FI_DEV_GPU_TEMP=91.0), alert("latency_regression", entity="llama")),
+        "thermal_throttle",
+    ),
+    (
+        "network",
+        incident(alert("network_latency", entity="llama"), alert("error_rate", entity="llama")),
+        "network_latency",
+    ),
+    (
+        "disk",
+        incident(
+            alert("pod_evicted", entity="llama-0", reason="Evicted"),
+            alert("node_pressure", entity="node-3", reason="NodeHasDiskPressure"),
+        ),
+        "disk_pressure_eviction",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "inc", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_expected_runbook_ranks_first(index: RunbookIndex, name: str, inc: IncidentEvent, expected: str) -> None:
+    assert top_causes(index, inc)[0] == expected
+
+
+def test_hypotheses_cite_evidence_and_runbooks_with_normalised_confidence(index: RunbookIndex) -> None:
+    hypotheses = rank(gather_evidence(CASES[0][1]), index)
+    top = hypotheses[0]
+    assert top.citations[0].doc_id == "gpu-xid-79-fallen-off-bus"
+    assert "XID 79" in top.evidence
+    assert top.playbook == "cordon_node" and top.level == 1
+    assert 0 < sum(h.confidence for h in hypotheses) <= 1.0
+    assert [h.confidence for h in hypotheses] == sorted((h.confidence for h in hypotheses), reverse=True)
+    assert top.confidence > 0.5
+
+
+def test_xid_without_a_runbook_uses_the_catalog_remediation(index: RunbookIndex) -> None:
+    inc = incident(alert("gpu_xid", xid=62, remediation="reset_gpu"))
+    top = rank(gather_evidence(inc), index)[0]
+    assert (top.cause, top.playbook, top.level) == ("gpu_xid_62", "reset_gpu", 2)
+
+
+def test_no_evidence_means_no_hypotheses(index: RunbookIndex) -> None:
+    assert rank(gather_evidence(incident(alert("made_up_signal"))), index) == []
+
+
+def test_supported_level_follows_matching_runbooks(index: RunbookIndex) -> None:
+    assert supported_level(gather_evidence(incident(alert("made_up_signal"))), index) == 1
+    assert supported_level(gather_evidence(CASES[0][1]), index) == 3
+
+
+def test_ranker_diagnosis_proposes_the_top_playbook_with_params() -> None:
+    doctor = RankerDiagnostician(Settings(), use_database=False)
+    diagnosis = doctor.diagnose(CASES[0][1])
+    assert diagnosis.diagnostician == "ranker"
+    assert diagnosis.proposed_playbook == "cordon_node" and diagnosis.level == 1
+    assert diagnosis.proposed_params == {"node": "h100-a-07"}
+    kv = doctor.diagnose(CASES[3][1])
+    assert kv.proposed_playbook == "scale_replicas" and kv.proposed_params == {"model": "llama-70b"}
