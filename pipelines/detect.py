@@ -140,10 +140,12 @@ def register_detect(
     max_wait_s: float = 0.5,
     log_batch: int = 500,
     model_refresh_s: float | None = None,
+    on_batch: Callable[[MetricBatch], None] | None = None,
 ) -> FeatureScorer:
     """Register the three detect agents, the entity-state table and the scoring timer on ``pipeline``.
 
-    With ``model_refresh_s`` a timer also looks for newer stored models and hot-swaps them.
+    With ``model_refresh_s`` a timer also looks for newer stored models and hot-swaps them;
+    ``on_batch`` is told of every metric batch processed (progress counters, benchmarks).
     """
     app, topics = pipeline.app, pipeline.topics
     table = app.Table(
@@ -176,6 +178,8 @@ def register_detect(
                 )
                 continue
             table[batch.entity] = saved
+            if on_batch is not None:
+                on_batch(batch)
             await publish(anomalies)
             now = time.monotonic()
             if vector is not None and vector.serving and scorer.detectors:
