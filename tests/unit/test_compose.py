@@ -436,6 +436,8 @@ def test_k8s_rbac_grants_exactly_the_minimum(k8s_objects: list[dict[str, Any]]) 
         ("", "pods/eviction"): {"create"},
         ("apps", "deployments"): {"get", "patch"},
         ("apps", "deployments/scale"): {"get", "patch", "update"},
+        ("apps", "replicasets"): {"list"},
+        ("events.k8s.io", "events"): {"watch", "list", "get"},
         ("", "nodes"): {"get", "list", "patch"},
     }
     accounts = _by_kind(k8s_objects, "ServiceAccount")
