@@ -170,7 +170,7 @@ def register_detect(
             if batch is None:
                 continue
             try:
-                saved, vector, anomalies = entity.on_batch(batch, table[batch.entity])
+                saved, vector, anomalies = entity.on_batch(batch, table.get(batch.entity))
             except Exception as exc:  # a detector bug must not stop the stream: keep the input, go on
                 log.exception("detectors failed on a batch for %s", batch.entity)
                 await pipeline.dead_letter(
