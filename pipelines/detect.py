@@ -74,29 +74,69 @@ def state_from_dict(detector: Detector, data: Any) -> Any:
 
 
 class EntityDetection:
-    """Runs metric-batch detectors and feature extraction for one entity's scrape (no I/O)."""
+    """Runs metric-batch detectors and feature extraction for one entity's scrape (no I/O).
 
-    def __init__(self, detectors: DetectorSet) -> None:
+    Live state objects stay in memory between scrapes; the JSON form for the changelog-backed table is
+    produced only every ``checkpoint_every`` scrapes of an entity, and whenever a scrape raised an
+    anomaly (so a firing condition is never forgotten). Serialising every scrape cost more than the
+    detectors themselves; a worker that dies loses at most ``checkpoint_every - 1`` scrapes of rule
+    history per entity, which only delays, never duplicates, an anomaly.
+
+    Args:
+        detectors: the worker's detectors.
+        checkpoint_every: scrapes between saved states of one entity (1 saves every scrape).
+    """
+
+    def __init__(self, detectors: DetectorSet, checkpoint_every: int = 4) -> None:
         self.detectors = detectors
+        self.checkpoint_every = max(1, checkpoint_every)
+        self.live: dict[str, tuple[dict[str, Any], FeatureState]] = {}
+        self._since_checkpoint: dict[str, int] = {}
+
+    def forget(self) -> None:
+        """Drop the in-memory states (after a rebalance the table is the truth)."""
+        self.live.clear()
+        self._since_checkpoint.clear()
 
     def on_batch(
         self, batch: MetricBatch, saved: dict[str, Any] | None
-    ) -> tuple[dict[str, Any], FeatureVector | None, list[Anomaly]]:
-        """Return the entity's new saved state, its feature vector (if any) and the anomalies found."""
-        saved = saved or {}
-        new_saved: dict[str, Any] = {}
+    ) -> tuple[dict[str, Any] | None, FeatureVector | None, list[Anomaly]]:
+        """Return the state to save (None: nothing to save this time), the feature vector and the anomalies.
+
+        ``saved`` is read only when the entity has no live state in this worker.
+        """
+        entity = batch.entity
+        if entity not in self.live:
+            self.live[entity] = self._restore(saved or {})
+        states, features = self.live[entity]
         anomalies: list[Anomaly] = []
         for detector in self.detectors.metric:
-            raw = saved.get(detector.name)
-            state = detector.initial_state() if raw is None else state_from_dict(detector, raw)
-            state, found = detector.detect([batch], state)
+            states[detector.name], found = detector.detect([batch], states[detector.name])
             anomalies.extend(found)
-            new_saved[detector.name] = state_to_dict(state)
+        features, vector = extract(batch, features)
+        self.live[entity] = (states, features)
+        count = self._since_checkpoint.get(entity, 0) + 1
+        if anomalies or count >= self.checkpoint_every:
+            self._since_checkpoint[entity] = 0
+            return self.snapshot(entity), vector, anomalies
+        self._since_checkpoint[entity] = count
+        return None, vector, anomalies
+
+    def snapshot(self, entity: str) -> dict[str, Any]:
+        """The JSON-safe saved form of an entity's live state."""
+        states, features = self.live[entity]
+        out = {name: state_to_dict(state) for name, state in states.items()}
+        out[FEATURES_KEY] = features.to_dict()
+        return out
+
+    def _restore(self, saved: dict[str, Any]) -> tuple[dict[str, Any], FeatureState]:
+        states = {}
+        for detector in self.detectors.metric:
+            raw = saved.get(detector.name)
+            states[detector.name] = detector.initial_state() if raw is None else state_from_dict(detector, raw)
         raw_features = saved.get(FEATURES_KEY)
         features = FeatureState() if raw_features is None else FeatureState.from_dict(raw_features)
-        features, vector = extract(batch, features)
-        new_saved[FEATURES_KEY] = features.to_dict()
-        return new_saved, vector, anomalies
+        return states, features
 
 
 class FeatureScorer:
@@ -155,6 +195,12 @@ def register_detect(
         key_type=str,  # values use the app's default JSON serializer
     )
     entity = EntityDetection(detectors)
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # mode types handlers narrower than it calls them
+    def forget_live_states(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        # partitions may come back after another worker advanced their states: re-read the table
+        entity.forget()
+
     scorer = FeatureScorer(detectors.feature, max_batch=max_batch, max_wait_s=max_wait_s)
     log_states = {d.name: d.initial_state() for d in detectors.log}
     event_states = {d.name: d.initial_state() for d in detectors.event}
@@ -177,7 +223,8 @@ def register_detect(
                     raw=item.value, key=item.key, source_topic=MetricBatch.topic, error=exc, consumer="detect-metrics"
                 )
                 continue
-            table[batch.entity] = saved
+            if saved is not None:
+                table[batch.entity] = saved
             if on_batch is not None:
                 on_batch(batch)
             await publish(anomalies)

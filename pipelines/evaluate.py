@@ -38,7 +38,9 @@ class OfflineDetect:
         logs: list[LogRecord] = []
         for event in events:
             if isinstance(event, MetricBatch):
-                self.saved[event.entity], vector, found = self.entity.on_batch(event, self.saved.get(event.entity))
+                saved, vector, found = self.entity.on_batch(event, self.saved.get(event.entity))
+                if saved is not None:
+                    self.saved[event.entity] = saved
                 anomalies.extend(found)
                 if vector is not None and vector.serving and self.scorer.detectors:
                     self.scorer.add(vector, 0.0)
