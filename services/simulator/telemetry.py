@@ -56,7 +56,7 @@ class Telemetry:
         self.epoch = epoch
         self._gpu_labels: dict[int, tuple[tuple[int, str], dict[str, str]]] = {}
         self._pod_labels: dict[
-            int, tuple[str, dict[str, str], list[dict[str, str]], dict[str, list[dict[str, str]]]]
+            int, tuple[tuple[str, str], dict[str, str], list[dict[str, str]], dict[str, list[dict[str, str]]]]
         ] = {}
 
     def gpu_labels(self, i: int) -> dict[str, str]:
@@ -111,16 +111,20 @@ class Telemetry:
         self, slot: int
     ) -> tuple[dict[str, str], list[dict[str, str]], dict[str, list[dict[str, str]]]]:
         pod = self.cluster.pods[slot]
+        node = self.cluster.nodes[pod.node].name if pod.node >= 0 else ""
         cached = self._pod_labels.get(slot)
-        if cached is not None and cached[0] == pod.name:
+        if cached is not None and cached[0] == (pod.name, node):
             return cached[1], cached[2], cached[3]
+        # `node` is what Prometheus' kubernetes_sd relabelling (__meta_kubernetes_pod_node_name) adds
         base = {"model_name": pod.variant.served_model_name, "pod": pod.name, "namespace": NAMESPACE, "engine": "0"}
+        if node:
+            base["node"] = node
         reasons = [dict(base, finished_reason=r) for r in ("stop", "length", "abort")]
         les = {
             key: [dict(base, le=str(le)) for le in bounds.tolist()] + [dict(base, le="+Inf")]
             for key, (bounds, _b, _s, _c) in self.serving.hist.items()
         }
-        self._pod_labels[slot] = (pod.name, base, reasons, les)
+        self._pod_labels[slot] = ((pod.name, node), base, reasons, les)
         return base, reasons, les
 
     def scrape_vllm(self, t: float) -> list[MetricBatch]:
