@@ -23,7 +23,6 @@ the one table shared by the detector and ``bench/logparse.py``, which measures t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -37,6 +36,7 @@ from drain3.template_miner_config import TemplateMinerConfig
 
 from pipelines.detectors.masking import DEFAULT_MASKS, MASK_PATTERNS, generic_template, masking_instructions
 from services.core.events import SEVERITY_RANK, Anomaly, LogRecord, Severity
+from services.core.fingerprint import fingerprint as core_fingerprint
 
 EntityKind = Literal["gpu", "node", "pod", "model", "service", "other"]
 
@@ -642,7 +642,6 @@ class _Pending:
             "threshold": self.threshold,
             **self.details,
         }
-        fingerprint = hashlib.sha1("|".join((DETECTOR_NAME, *key)).encode()).hexdigest()[:16]
         return Anomaly(
             entity=entity,
             entity_kind=_entity_kind(self.record),
@@ -654,5 +653,5 @@ class _Pending:
             ts=self.record.ts,
             labels=dict(self.record.stream),
             evidence=evidence,
-            fingerprint=fingerprint,
+            fingerprint=core_fingerprint(DETECTOR_NAME, *key),
         )

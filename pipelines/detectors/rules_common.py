@@ -19,12 +19,12 @@ with :func:`dataclasses.asdict` and comes back with the ``from_dict`` helpers.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from services.core.events import Anomaly, MetricBatch, Sample, Severity
+from services.core.fingerprint import fingerprint as core_fingerprint
 
 EntityKind = Literal["gpu", "node", "pod", "model", "service", "other"]
 Transition = Literal["fire", "resolve"]
@@ -36,7 +36,7 @@ _HOST_LABELS = ("Hostname", "hostname", "node", "kubernetes_node", "instance_nod
 
 def fingerprint(detector: str, signal: str, entity: str) -> str:
     """Return the stable identity of an anomaly: a hash of (detector, signal, entity)."""
-    return hashlib.sha1(f"{detector}|{signal}|{entity}".encode()).hexdigest()[:16]
+    return core_fingerprint(detector, signal, entity)
 
 
 def node_of(labels: dict[str, str]) -> str:

@@ -13,6 +13,7 @@ from services.core.errors import ConfigError
 from services.core.paths import REPO_ROOT, shared_data_dir
 from services.diagnostician.runbooks import (
     ANOMALY_SIGNALS,
+    PLAYBOOK_DEFAULT_LEVELS,
     REQUIRED_SECTIONS,
     Runbook,
     load_runbook,
@@ -23,22 +24,8 @@ from services.diagnostician.runbooks import (
 RUNBOOK_ROOT = REPO_ROOT / "knowledge" / "runbooks"
 POSTMORTEM_ROOT = REPO_ROOT / "knowledge" / "postmortems"
 
-# The remediation playbook registry as documented for runbook authors: name -> default level.
-REGISTRY_LEVELS = {
-    "restart_pod": 1,
-    "rollout_restart": 1,
-    "drain_replica": 1,
-    "reduce_max_num_seqs": 1,
-    "switch_variant": 2,
-    "scale_replicas": 1,
-    "cordon_node": 1,
-    "uncordon_node": 1,
-    "drain_node": 2,
-    "reset_gpu": 2,
-    "reboot_node": 2,
-    "rollback_deployment": 2,
-    "page_oncall": 3,
-}
+# Playbook names and default levels; tests/unit/test_remediation_playbooks.py checks them against the registry.
+REGISTRY_LEVELS = PLAYBOOK_DEFAULT_LEVELS
 
 METRIC = re.compile(
     r"^(DCGM_FI_[A-Z0-9_]+|vllm:[a-z0-9_]+|tgi_[a-z0-9_]+|nv_[a-z0-9_]+|kube_[a-z0-9_]+"
