@@ -50,7 +50,8 @@ demo: up
 
 lint: install
 	$(BIN)/ruff check services pipelines tests bench
-	$(BIN)/mypy
+	@# the cache outlives the clone: checking torch's stubs again costs minutes
+	MYPY_CACHE_DIR=$(HOME)/.cache/clustermedic/mypy $(BIN)/mypy
 
 test: install lint
 	bash infra/local/with-infra.sh $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
