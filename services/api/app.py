@@ -1,0 +1,172 @@
+"""The ClusterMedic HTTP API: incidents and silences.
+
+=====================================  ==========================================================
+``GET /healthz``                       liveness, and whether PostgreSQL answers
+``GET /api/v1/incidents``              incidents, most recently changed first (``status``, ``limit``)
+``GET /api/v1/incidents/{id}``         one incident with its linked alerts, each with its evidence
+``POST /api/v1/silences``              create a silence (matchers, start/end or duration, author, comment)
+``GET /api/v1/silences``               silences (``state``: pending, active, expired)
+``GET /api/v1/silences/{id}``          one silence
+``DELETE /api/v1/silences/{id}``       expire a silence now
+=====================================  ==========================================================
+
+The correlate agent polls the silences table, so a silence created here mutes matching alerts within
+a few seconds. Invalid input answers 422 (schema) or 400 (a matcher that does not parse, a silence
+that would mute everything, an end before the start), with a message that says which.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Literal
+
+import psycopg
+from fastapi import FastAPI, HTTPException, Query
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pipelines.correlate.durations import parse_duration
+from pipelines.correlate.errors import SilenceError
+from services.core.errors import InfraError
+from services.core.settings import Settings
+from services.store.db import connect
+from services.store.incidents import get_incident, list_incidents
+from services.store.silences import (
+    SilenceNotFound,
+    StoredSilence,
+    create_silence,
+    expire_silence,
+    get_silence,
+    list_silences,
+)
+
+
+class SilenceBody(BaseModel):
+    """Body of ``POST /api/v1/silences``.
+
+    Give either ``ends_at`` or ``duration`` (a Prometheus duration such as ``2h``). Alertmanager's
+    spellings ``startsAt``, ``endsAt`` and ``createdBy`` are accepted too.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    matchers: list[str] = Field(min_length=1, description='matcher strings such as alertname="gpu_xid"')
+    starts_at: datetime | None = Field(default=None, alias="startsAt", description="default: now")
+    ends_at: datetime | None = Field(default=None, alias="endsAt")
+    duration: str | None = Field(default=None, description="instead of ends_at: 30m, 2h, 1d...")
+    created_by: str = Field(min_length=1, alias="createdBy")
+    comment: str = ""
+
+    @model_validator(mode="after")
+    def _one_end(self) -> SilenceBody:
+        if (self.ends_at is None) == (self.duration is None):
+            raise ValueError("give exactly one of ends_at and duration")
+        if self.duration is not None:
+            parse_duration(self.duration)
+        for when in (self.starts_at, self.ends_at):
+            if when is not None and when.tzinfo is None:
+                raise ValueError("timestamps need a time zone, e.g. 2025-01-01T10:00:00Z")
+        return self
+
+    def window(self, now: float) -> tuple[float, float]:
+        """``(starts_at, ends_at)`` in UNIX seconds."""
+        start = self.starts_at.timestamp() if self.starts_at else now
+        end = self.ends_at.timestamp() if self.ends_at else start + parse_duration(self.duration or "")
+        return start, end
+
+
+def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) -> FastAPI:
+    """Build the API app.
+
+    Args:
+        settings: where PostgreSQL is.
+        clock: UNIX time (silence start defaults, state filters); injected by tests.
+    """
+    api = FastAPI(title="ClusterMedic", version="1")
+
+    @contextmanager
+    def db() -> Iterator[psycopg.Connection]:
+        try:
+            conn = connect(settings)
+        except InfraError as exc:
+            raise HTTPException(503, f"database unavailable: {exc}") from exc
+        with conn:
+            yield conn
+
+    @api.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        with db() as conn:
+            conn.execute("SELECT 1")
+        return {"status": "ok"}
+
+    @api.get("/api/v1/incidents")
+    def incidents(
+        status: Literal["opened", "updated", "mitigated", "resolved"] | None = None,
+        limit: int = Query(default=100, ge=1, le=1000),
+    ) -> list[dict[str, Any]]:
+        with db() as conn:
+            rows = list_incidents(conn, status=status, limit=limit)
+        return [row.model_dump(mode="json", exclude={"alerts"}) for row in rows]
+
+    @api.get("/api/v1/incidents/{incident_id}")
+    def incident(incident_id: str) -> dict[str, Any]:
+        with db() as conn:
+            row = get_incident(conn, incident_id)
+        if row is None:
+            raise HTTPException(404, f"no incident {incident_id!r}")
+        return row.model_dump(mode="json")
+
+    @api.post("/api/v1/silences", status_code=201)
+    def add_silence(body: SilenceBody) -> dict[str, Any]:
+        start, end = body.window(clock())
+        try:
+            with db() as conn:
+                stored = create_silence(
+                    conn,
+                    matchers=body.matchers,
+                    starts_at=start,
+                    ends_at=end,
+                    created_by=body.created_by,
+                    comment=body.comment,
+                )
+        except SilenceError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        return _silence(stored, clock())
+
+    @api.get("/api/v1/silences")
+    def silences(
+        state: Literal["pending", "active", "expired"] | None = None,
+        limit: int = Query(default=1000, ge=1, le=10000),
+    ) -> list[dict[str, Any]]:
+        now = clock()
+        with db() as conn:
+            return [_silence(s, now) for s in list_silences(conn, now=now, state=state, limit=limit)]
+
+    @api.get("/api/v1/silences/{silence_id}")
+    def silence(silence_id: str) -> dict[str, Any]:
+        try:
+            with db() as conn:
+                return _silence(get_silence(conn, silence_id), clock())
+        except SilenceNotFound as exc:
+            raise HTTPException(404, str(exc)) from exc
+
+    @api.delete("/api/v1/silences/{silence_id}")
+    def expire(silence_id: str) -> dict[str, Any]:
+        now = clock()
+        try:
+            with db() as conn:
+                stored = expire_silence(conn, silence_id, now=now)
+        except SilenceNotFound as exc:
+            raise HTTPException(404, str(exc)) from exc
+        # the database keeps microseconds (rounded): judge the state at the stored end, not a hair before
+        return _silence(stored, max(now, stored.ends_at.timestamp()))
+
+    return api
+
+
+def _silence(stored: StoredSilence, now: float) -> dict[str, Any]:
+    out: dict[str, Any] = stored.model_dump(mode="json")
+    out["state"] = stored.state(now)
+    return out
