@@ -10,7 +10,7 @@ MEDIC := $(BIN)/medic
 export PYTHON := $(abspath $(BIN)/python)
 # the infra scripts run Python from the project's environment
 # pgserver and platformdirs want a runtime dir; give them one instead of a warning per process
-export XDG_RUNTIME_DIR ?= /tmp/runtime-$(shell id -u)
+export XDG_RUNTIME_DIR ?= /tmp/clustermedic-runtime-$(shell id -u)
 
 .PHONY: help install up down status migrate demo test test-unit test-integration lint lock bench clean
 
@@ -21,7 +21,6 @@ help:
 
 # One resolver run, frozen in requirements.lock (regenerate with `make lock`).
 $(VENV)/.installed: pyproject.toml requirements.lock
-	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
 	@test -x $(BIN)/python || $(BASE_PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
 	$(BIN)/uv pip sync -q --python $(BIN)/python requirements.lock
@@ -29,6 +28,7 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	@touch $@
 
 install: $(VENV)/.installed
+	@mkdir -p $(XDG_RUNTIME_DIR) && chmod 700 $(XDG_RUNTIME_DIR)
 
 lock:
 	$(BIN)/uv pip compile -q pyproject.toml --extra dev --python-version 3.11 -o requirements.lock

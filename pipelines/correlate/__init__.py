@@ -1,8 +1,8 @@
 """Correlation: anomalies become deduplicated alerts, Alertmanager-style notifications and incidents.
 
-The core (:class:`~pipelines.correlate.engine.Engine`) is pure and clock-injected; the Faust agent
-that feeds it from ``anomalies.v1`` and publishes to ``incidents.v1`` lives outside this package's
-core modules. See docs/correlation.md.
+The core (:class:`~pipelines.correlate.engine.Engine`) is pure and clock-injected; the Faust agents
+in :mod:`pipelines.correlate.agent` feed it from ``anomalies.v1`` and publish ``incidents.v1``.
+See docs/correlation.md.
 """
 
 from pipelines.correlate.config import RoutingConfig, load_routing, loads_routing

@@ -5,7 +5,8 @@ A silence is *pending* before ``starts_at``, *active* from ``starts_at`` until `
 expiring a pending one ends it before it ever started. A silence needs at least one matcher that
 does not match the empty string, so that no silence can mute every alert by accident.
 
-The store is in memory and serialisable; the API and CLI that create silences come later.
+The store is in memory and serialisable; the correlate agent keeps it in step with the silences table
+(services/store/silences.py), which `medic silences` and the API write.
 """
 
 from __future__ import annotations
