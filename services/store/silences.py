@@ -15,6 +15,7 @@ engine's ``SilenceError``)::
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -72,7 +73,9 @@ def _row(row: Sequence[Any]) -> StoredSilence:
 
 
 def _at(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, UTC)
+    # PostgreSQL keeps microseconds; truncate rather than round so a silence that starts "now" is
+    # never stored a fraction of a microsecond in the future (and so read back as pending)
+    return datetime.fromtimestamp(math.floor(ts * 1_000_000) / 1_000_000, UTC)
 
 
 def create_silence(
