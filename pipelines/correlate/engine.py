@@ -33,6 +33,7 @@ often the driver calls :meth:`Engine.tick`.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,6 +63,8 @@ from pipelines.correlate.stages import (
 )
 from pipelines.correlate.topology import LEVELS, Topology, anchor, tokens
 from services.core.events import SEVERITY_RANK, Anomaly, IncidentEvent
+
+Anchor = tuple[str, frozenset[str]]
 
 STATE_VERSION = 1
 # How long a notification log entry outlives its group (Alertmanager's default data retention).
@@ -102,6 +105,46 @@ class Engine:
         self.nflog: dict[str, NotifyEntry] = {}
         self.incidents: dict[str, Incident] = {}
         self.clock: float | None = None
+        self._init_indexes()
+
+    def _init_indexes(self) -> None:
+        """Derived indexes: never serialised, rebuilt by :meth:`from_dict`, so a restored engine behaves identically.
+
+        Without them every anomaly scanned every alert, group and incident (next timer, alerts to
+        link, related incidents, cleanup), which made the engine quadratic in the number of groups.
+        Each index is a superset or a lazily invalidated view: whatever it yields is re-checked
+        against the records, so a stale entry costs a skip, never a different outcome.
+        """
+        # Timers: a heap of (due, kind, key) plus the current due of each (kind, key). A heap entry
+        # whose due differs from the current one is stale and skipped. Records that changed are
+        # marked dirty and their timers recomputed (by the original rules) before the next pick.
+        self._timers: list[tuple[float, int, str]] = []
+        self._timer_due: dict[tuple[int, str], float] = {}
+        self._dirty_alerts: set[str] = set()
+        self._dirty_incidents: set[str] = set()
+        self._dirty_groups: set[str] = set()
+        # Alerts whose flap end is "now" (the clock): recomputed at every pick, as the clock moves.
+        self._volatile: set[str] = set()
+        # Alerts that may be waiting for an incident (firing, active, no open incident): every alert
+        # that changed, plus members of incidents that resolved; confirmed in _attach.
+        self._unlinked: set[str] = set()
+        # Anchors never change for an alert (labels are fixed at creation); cached per fingerprint.
+        self._anchors: dict[str, Anchor] = {}
+        # Open incidents by the anchor tokens of their members, for _related_incident.
+        self._open_by_token: dict[str, set[str]] = {}
+        self._incident_tokens: dict[str, set[str]] = {}
+        # Reverse links: the incidents listing an alert, the groups holding it.
+        self._member_of: dict[str, set[str]] = {}
+        self._groups_of: dict[str, set[str]] = {}
+        # Cleanup: expiry heaps (time, key), so _gc looks only at what may have expired. "Ripe"
+        # entries have expired but are still held (by a group or an open incident) and are
+        # re-checked on each pass until released.
+        self._alert_expiry: list[tuple[float, str]] = []
+        self._alert_expiry_at: dict[str, float] = {}
+        self._ripe_alerts: set[str] = set()
+        self._incident_expiry: list[tuple[float, str]] = []
+        self._nflog_expiry: list[tuple[float, str]] = []
+        self._ripe_nflog: set[str] = set()
 
     # ------------------------------------------------------------------------------ public API
 
@@ -146,6 +189,7 @@ class Engine:
             inc.state = "mitigated"
             inc.mitigated_at = at
             inc.updated_at = at
+            self._dirty_incidents.add(inc.id)
             out.append(self._incident_event(inc, "mitigated", at))
         self._gc(at)
         return out
@@ -158,6 +202,8 @@ class Engine:
         """Whether an alert is silenced or inhibited at ``now``."""
         if silenced_by(alert.labels, self.silences, now):
             return True
+        if not self._rules:  # nothing can inhibit: skip building the sources (a pass over every alert)
+            return False
         return inhibited_by(alert, self._rules, self._inhibition_sources()) is not None
 
     # ------------------------------------------------------------------------------- alerts
@@ -182,6 +228,11 @@ class Engine:
                 routes=[route.id for route in route_alert(self.root, labels)],
             )
             self.alerts[fp] = alert
+            # Incidents that still list this fingerprint (from an earlier alert) index it afresh.
+            for iid in sorted(self._member_of.get(fp, ())):
+                inc = self.incidents.get(iid)
+                if inc is not None:
+                    self._joined(inc, fp)
         self.topology.learn(labels, at, anomaly.entity, anomaly.entity_kind)
         alert.evidence = dict(anomaly.evidence)
         alert.score, alert.threshold = anomaly.score, anomaly.threshold
@@ -194,6 +245,7 @@ class Engine:
         self._status_changed(alert, before, at, out, force=severity_changed)
         if alert.status == "firing":
             self._activate(alert, at)
+        self._touch_alert(fp)
 
     def _observe(self, alert: Alert, raw: str, ts: float, at: float) -> None:
         """Record what the source says (or the resolve timeout decided) and update flapping."""
@@ -286,6 +338,8 @@ class Engine:
             self.groups[key] = group
         if alert.fingerprint not in group.fingerprints:
             group.fingerprints = sorted([*group.fingerprints, alert.fingerprint])
+            self._groups_of.setdefault(alert.fingerprint, set()).add(key)
+        self._dirty_groups.add(key)
         # As Alertmanager does: an alert that started longer than group_wait ago does not wait again.
         if not group.has_flushed and alert.starts_at + route.group_wait < at:
             group.next_flush = min(group.next_flush, at)
@@ -295,31 +349,81 @@ class Engine:
 
     # -------------------------------------------------------------------------------- timers
 
-    def _next_timer(self, limit: float) -> tuple[float, int, str] | None:
-        best: tuple[float, int, str] | None = None
+    # Each record's timers are due by the same rules a full scan used to apply; they are only
+    # recomputed for records marked dirty since the last pick (see _init_indexes).
 
-        def offer(due: float | None, kind: int, key: str) -> None:
-            nonlocal best
-            if due is not None and due <= limit and (best is None or (due, kind, key) < best):
-                best = (due, kind, key)
+    def _touch_alert(self, fp: str) -> None:
+        """An alert changed: recompute its timers, its incidents' timers, and whether it waits for an incident."""
+        self._dirty_alerts.add(fp)
+        self._unlinked.add(fp)
+        self._dirty_incidents.update(self._member_of.get(fp, ()))
 
-        for fp, alert in self.alerts.items():
-            if alert.raw_status == "firing":
-                offer(alert.timeout_at, _TIMEOUT, fp)
-            offer(self._flap_end(alert), _FLAP_END, fp)
+    def _set_timer(self, kind: int, key: str, due: float | None) -> None:
+        slot = (kind, key)
+        if due is None:
+            self._timer_due.pop(slot, None)
+        elif self._timer_due.get(slot) != due:
+            self._timer_due[slot] = due
+            heapq.heappush(self._timers, (due, kind, key))
+
+    def _sync(self) -> None:
+        """Recompute the timers (and expiry entries) of everything marked dirty."""
+        self._dirty_alerts |= self._volatile
+        flap_low = self.config.correlation.flap_detection.low
+        for fp in self._dirty_alerts:
+            alert = self.alerts.get(fp)
+            if alert is None:
+                self._set_timer(_TIMEOUT, fp, None)
+                self._set_timer(_FLAP_END, fp, None)
+                self._volatile.discard(fp)
+                continue
+            self._set_timer(_TIMEOUT, fp, alert.timeout_at if alert.raw_status == "firing" else None)
+            self._set_timer(_FLAP_END, fp, self._flap_end(alert))
+            if alert.flapping and len(alert.changes) <= flap_low:
+                self._volatile.add(fp)
+            else:
+                self._volatile.discard(fp)
+            if alert.resolved_at is not None and self._alert_expiry_at.get(fp) != alert.resolved_at:
+                self._alert_expiry_at[fp] = alert.resolved_at
+                heapq.heappush(self._alert_expiry, (alert.resolved_at, fp))
+        self._dirty_alerts.clear()
         escalation = self.config.correlation.incidents.escalation
         resolve_after = self.config.correlation.incidents.resolve_after
-        for iid, inc in self.incidents.items():
-            if inc.state == "resolved":
+        for iid in self._dirty_incidents:
+            inc = self.incidents.get(iid)
+            escalate = resolve = None
+            if inc is not None and inc.state != "resolved":
+                members = [self.alerts[fp] for fp in inc.members if fp in self.alerts]
+                if escalation.after is not None and inc.severity != "critical" and not inc.escalation:
+                    escalate = inc.opened_at + escalation.after
+                if members and all(m.status == "resolved" for m in members):
+                    resolve = max(m.resolved_at or 0.0 for m in members) + resolve_after
+            self._set_timer(_ESCALATE, iid, escalate)
+            self._set_timer(_INCIDENT_RESOLVE, iid, resolve)
+        self._dirty_incidents.clear()
+        for key in self._dirty_groups:
+            group = self.groups.get(key)
+            self._set_timer(_FLUSH, key, group.next_flush if group is not None else None)
+        self._dirty_groups.clear()
+
+    def _next_timer(self, limit: float) -> tuple[float, int, str] | None:
+        """Take the earliest timer due by ``limit`` (ties: kind, then key), or ``None``.
+
+        The timer taken is consumed; firing it marks its record dirty, which re-arms whatever
+        timer the record still has.
+        """
+        self._sync()
+        while self._timers:
+            due, kind, key = self._timers[0]
+            if self._timer_due.get((kind, key)) != due:
+                heapq.heappop(self._timers)  # stale: the record changed since
                 continue
-            members = [self.alerts[fp] for fp in inc.members if fp in self.alerts]
-            if escalation.after is not None and inc.severity != "critical" and not inc.escalation:
-                offer(inc.opened_at + escalation.after, _ESCALATE, iid)
-            if members and all(m.status == "resolved" for m in members):
-                offer(max(m.resolved_at or 0.0 for m in members) + resolve_after, _INCIDENT_RESOLVE, iid)
-        for key, group in self.groups.items():
-            offer(group.next_flush, _FLUSH, key)
-        return best
+            if due > limit:
+                return None
+            heapq.heappop(self._timers)
+            del self._timer_due[(kind, key)]
+            return due, kind, key
+        return None
 
     def _advance(self, now: float, out: list[Action]) -> float:
         """Fire timers due up to ``now`` in order, each at its own due time; return the engine time."""
@@ -330,6 +434,12 @@ class Engine:
             due, kind, key = timer
             at = max(due, self.clock)
             self.clock = at
+            if kind in (_TIMEOUT, _FLAP_END):
+                self._touch_alert(key)
+            elif kind in (_ESCALATE, _INCIDENT_RESOLVE):
+                self._dirty_incidents.add(key)
+            else:
+                self._dirty_groups.add(key)
             if kind == _TIMEOUT:
                 alert = self.alerts[key]
                 before = alert.status
@@ -351,6 +461,7 @@ class Engine:
                 inc.state = "resolved"
                 inc.resolved_at = at
                 inc.updated_at = at
+                self._closed(inc)
                 out.append(self._incident_event(inc, "resolved", at))
             else:
                 self._flush(self.groups[key], at, out)
@@ -365,10 +476,12 @@ class Engine:
         """Flush one group: inhibit -> time intervals -> silence -> notify decision; drop resolved alerts."""
         route = self._routes.get(group.route_id)
         if route is None:  # the config changed under a restored state
+            for fp in group.fingerprints:
+                self._ungroup(fp, group.key)
             del self.groups[group.key]
             return
         members = [self.alerts[fp] for fp in group.fingerprints if fp in self.alerts]
-        sources = self._inhibition_sources()
+        sources = self._inhibition_sources() if self._rules else []
         visible = [a for a in members if inhibited_by(a, self._rules, sources) is None]
         muted_now = time_muted(route, self._intervals, at)
         visible = [a for a in visible if not silenced_by(a.labels, self.silences, at)]
@@ -387,17 +500,26 @@ class Engine:
             )
             if reason is not None:
                 self.nflog[group.key] = NotifyEntry(group.key, firing, resolved, at)
+                heapq.heappush(self._nflog_expiry, (at, group.key))
                 send = [a for a in visible if a.status == "firing" or receiver.send_resolved]
                 if send:
                     out.append(self._notification(group, reason, send, at))
-        group.fingerprints = [
-            fp for fp in group.fingerprints if fp in self.alerts and self.alerts[fp].status == "firing"
-        ]
+        kept = [fp for fp in group.fingerprints if fp in self.alerts and self.alerts[fp].status == "firing"]
+        for fp in set(group.fingerprints) - set(kept):
+            self._ungroup(fp, group.key)
+        group.fingerprints = kept
         if not group.fingerprints:
             del self.groups[group.key]
             return
         group.has_flushed = True
         group.next_flush = at + route.group_interval
+
+    def _ungroup(self, fp: str, key: str) -> None:
+        keys = self._groups_of.get(fp)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._groups_of[fp]
 
     def _notification(self, group: AggrGroup, reason: str, alerts: list[Alert], at: float) -> Notification:
         alerts = sorted(alerts, key=lambda a: (a.status != "firing", a.starts_at, a.fingerprint))
@@ -426,16 +548,20 @@ class Engine:
 
     def _attach(self, at: float, out: list[Action]) -> None:
         """Link every active firing alert that has no open incident: join a related one, or open one."""
-        waiting = [
-            a
-            for a in self.alerts.values()
-            if a.status == "firing" and a.active_routes and self._open_incident_of(a) is None
-        ]
+        # Only alerts that changed (or lost their incident) since the last pass can be waiting.
+        waiting = []
+        for fp in list(self._unlinked):
+            a = self.alerts.get(fp)
+            if a is not None and a.status == "firing" and a.active_routes and self._open_incident_of(a) is None:
+                waiting.append(a)
+            else:
+                self._unlinked.discard(fp)
         for alert in sorted(waiting, key=lambda a: (a.activated_at or 0.0, a.fingerprint)):
             inc = self._related_incident(alert, at)
             if inc is not None:
                 inc.members.append(alert.fingerprint)
                 alert.incident_id = inc.id
+                self._joined(inc, alert.fingerprint)
                 if alert.status == "firing" and inc.state == "mitigated":
                     inc.state = "open"
                 self._rate(inc, at)
@@ -454,15 +580,54 @@ class Engine:
                 )
                 self.incidents[inc.id] = inc
                 alert.incident_id = inc.id
+                self._joined(inc, alert.fingerprint)
                 self._rate(inc, at)
                 out.append(self._incident_event(inc, "opened", at))
+
+    def _anchor_of(self, alert: Alert) -> Anchor:
+        found = self._anchors.get(alert.fingerprint)
+        if found is None:
+            found = self._anchors[alert.fingerprint] = anchor(alert.labels, alert.entity, alert.entity_kind)
+        return found
+
+    def _joined(self, inc: Incident, fp: str) -> None:
+        """Index a new member of an open incident (by its anchor tokens), and re-arm the incident's timers."""
+        self._unlinked.discard(fp)
+        self._member_of.setdefault(fp, set()).add(inc.id)
+        self._dirty_incidents.add(inc.id)
+        alert = self.alerts.get(fp)
+        if alert is None or inc.state == "resolved":
+            return
+        mine = self._incident_tokens.setdefault(inc.id, set())
+        for token in self._anchor_of(alert)[1]:
+            mine.add(token)
+            self._open_by_token.setdefault(token, set()).add(inc.id)
+
+    def _closed(self, inc: Incident) -> None:
+        """An incident resolved: drop it from the token index; its members may now wait for a new one."""
+        for token in self._incident_tokens.pop(inc.id, ()):
+            ids = self._open_by_token.get(token)
+            if ids is not None:
+                ids.discard(inc.id)
+                if not ids:
+                    del self._open_by_token[token]
+        self._unlinked.update(inc.members)
+        if inc.resolved_at is not None:
+            heapq.heappush(self._incident_expiry, (inc.resolved_at, inc.id))
 
     def _related_incident(self, alert: Alert, at: float) -> Incident | None:
         """The oldest open incident with a member on the alert's topology path, seen within the window."""
         topo = self.config.correlation.topology
-        mine = anchor(alert.labels, alert.entity, alert.entity_kind)
+        mine = self._anchor_of(alert)
+        # Only incidents holding a member whose anchor shares a token with what the alert can relate
+        # to are candidates (a superset); each is then checked exactly as before, oldest first.
+        near = self.topology.neighbourhood(mine) if topo.enabled else set(mine[1])
+        ids: set[str] = set()
+        for token in near:
+            ids |= self._open_by_token.get(token, set())
         candidates = sorted(
-            (inc for inc in self.incidents.values() if inc.state != "resolved"), key=lambda i: (i.opened_at, i.id)
+            (inc for inc in (self.incidents.get(iid) for iid in ids) if inc is not None and inc.state != "resolved"),
+            key=lambda i: (i.opened_at, i.id),
         )
         for inc in candidates:
             for fp in inc.members:
@@ -474,7 +639,7 @@ class Engine:
                 )
                 if not recent:
                     continue
-                theirs = anchor(member.labels, member.entity, member.entity_kind)
+                theirs = self._anchor_of(member)
                 # With topology off, only alerts about the very same entity share an incident.
                 if theirs == mine or (topo.enabled and self.topology.related(mine, theirs)):
                     return inc
@@ -504,6 +669,7 @@ class Engine:
             elif escalation.after is not None and at >= inc.opened_at + escalation.after:
                 rank, inc.escalation = critical, "duration"
         severity = _SEVERITY_BY_RANK[rank]
+        self._dirty_incidents.add(inc.id)
         changed = severity != inc.severity
         inc.severity = severity
         return changed
@@ -537,30 +703,63 @@ class Engine:
     # ------------------------------------------------------------------------------- cleanup
 
     def _gc(self, at: float) -> None:
-        """Forget what can no longer matter: old resolved alerts, incidents, log entries, silences, facts."""
+        """Forget what can no longer matter: old resolved alerts, incidents, log entries, silences, facts.
+
+        The same rules as a full pass, but driven by expiry heaps: only entries old enough to go are
+        looked at (plus "ripe" ones still held by a group or an open incident).
+        """
+        self._sync()
         corr = self.config.correlation
         keep = max(corr.flap_detection.window, self._max_occurrence_window, corr.topology.window)
-        grouped = {fp for group in self.groups.values() for fp in group.fingerprints}
-        for fp in [fp for fp, a in self.alerts.items() if self._forgettable(a, at, keep, grouped)]:
-            del self.alerts[fp]
+        while self._alert_expiry and at - self._alert_expiry[0][0] >= keep:
+            _, fp = heapq.heappop(self._alert_expiry)
+            self._ripe_alerts.add(fp)
+        for fp in sorted(self._ripe_alerts):
+            alert = self.alerts.get(fp)
+            if alert is None or alert.resolved_at is None or at - alert.resolved_at < keep or alert.status == "firing":
+                # Gone, or firing again, or resolved again later: its next resolution pushes a new entry.
+                self._ripe_alerts.discard(fp)
+            elif self._forgettable(alert, at, keep):
+                self._ripe_alerts.discard(fp)
+                self._forget_alert(fp)
         retention = corr.incidents.retention
-        self.incidents = {
-            iid: inc
-            for iid, inc in self.incidents.items()
-            if inc.state != "resolved" or inc.resolved_at is None or at - inc.resolved_at < retention
-        }
-        self.nflog = {
-            key: entry for key, entry in self.nflog.items() if key in self.groups or at - entry.ts < NFLOG_RETENTION_S
-        }
+        while self._incident_expiry and at - self._incident_expiry[0][0] >= retention:
+            resolved_at, iid = heapq.heappop(self._incident_expiry)
+            inc = self.incidents.get(iid)
+            if inc is not None and inc.state == "resolved" and inc.resolved_at == resolved_at:
+                del self.incidents[iid]
+                for fp in inc.members:
+                    links = self._member_of.get(fp)
+                    if links is not None:
+                        links.discard(iid)
+                        if not links:
+                            del self._member_of[fp]
+                self._dirty_incidents.add(iid)
+        while self._nflog_expiry and at - self._nflog_expiry[0][0] >= NFLOG_RETENTION_S:
+            self._ripe_nflog.add(heapq.heappop(self._nflog_expiry)[1])
+        for key in sorted(self._ripe_nflog):
+            entry = self.nflog.get(key)
+            if entry is None or at - entry.ts < NFLOG_RETENTION_S:
+                self._ripe_nflog.discard(key)  # gone, or written again (a newer heap entry exists)
+            elif key not in self.groups:
+                del self.nflog[key]
+                self._ripe_nflog.discard(key)
         self.silences.gc(at)
         self.topology.forget(at, corr.topology.fact_ttl)
 
-    def _forgettable(self, alert: Alert, at: float, keep: float, grouped: set[str]) -> bool:
+    def _forgettable(self, alert: Alert, at: float, keep: float) -> bool:
         if alert.status == "firing" or alert.raw_status == "firing" or alert.flapping:
             return False
-        if alert.fingerprint in grouped or self._open_incident_of(alert) is not None:
+        if self._groups_of.get(alert.fingerprint) or self._open_incident_of(alert) is not None:
             return False
         return alert.resolved_at is not None and at - alert.resolved_at >= keep
+
+    def _forget_alert(self, fp: str) -> None:
+        del self.alerts[fp]
+        self._anchors.pop(fp, None)
+        self._alert_expiry_at.pop(fp, None)
+        self._touch_alert(fp)  # drops its timers and re-arms its incidents' (they check member presence)
+        self._unlinked.discard(fp)
 
     # --------------------------------------------------------------------------------- state
 
@@ -602,4 +801,25 @@ class Engine:
             engine.incidents[inc.id] = inc
         engine.silences = Silences.from_dict(data.get("silences", []))
         engine.topology = Topology.from_dict(data.get("topology", {}))
+        engine._rebuild_indexes()
         return engine
+
+    def _rebuild_indexes(self) -> None:
+        """Derive every index from the records (after a restore): all timers and links recomputed."""
+        self._init_indexes()
+        for fp in self.alerts:
+            self._touch_alert(fp)
+        for key, group in self.groups.items():
+            self._dirty_groups.add(key)
+            for fp in group.fingerprints:
+                self._groups_of.setdefault(fp, set()).add(key)
+        for iid, inc in self.incidents.items():
+            self._dirty_incidents.add(iid)
+            for fp in inc.members:
+                self._joined(inc, fp)
+            if inc.state == "resolved" and inc.resolved_at is not None:
+                heapq.heappush(self._incident_expiry, (inc.resolved_at, iid))
+        # _joined drops members from the waiting set; every alert may be waiting after a restore.
+        self._unlinked.update(self.alerts)
+        for key, entry in self.nflog.items():
+            heapq.heappush(self._nflog_expiry, (entry.ts, key))

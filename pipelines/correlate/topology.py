@@ -30,6 +30,7 @@ to another node keeps only its newest node.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -94,7 +95,13 @@ def anchor(labels: Mapping[str, str], entity: str, entity_kind: str) -> tuple[st
 
 
 class Topology:
-    """Facts learned from label sets, and the relation they define between anchors."""
+    """Facts learned from label sets, and the relation they define between anchors.
+
+    The fact tables (``gpu_node`` ... ``alias``) are the state (:meth:`to_dict`). Beside them the
+    object keeps derived adjacency indexes and an expiry heap, so that :meth:`reach` and
+    :meth:`forget` cost what they touch rather than a pass over every fact (the engine asks on
+    every anomaly). They are rebuilt from the tables by :meth:`from_dict` and never serialised.
+    """
 
     def __init__(self) -> None:
         # Each map: key -> [value, last_seen]; edges are "a|b" -> last_seen.
@@ -103,6 +110,75 @@ class Topology:
         self.gpu_pod: dict[str, float] = {}
         self.pod_model: dict[str, float] = {}
         self.alias: dict[str, float] = {}
+        # Derived indexes (token -> neighbours), kept in step with the tables above.
+        self._node_gpus: dict[str, set[str]] = {}
+        self._node_pods: dict[str, set[str]] = {}
+        self._gpu_pods: dict[str, set[str]] = {}
+        self._pod_gpus: dict[str, set[str]] = {}
+        self._pod_models: dict[str, set[str]] = {}
+        self._model_pods: dict[str, set[str]] = {}
+        self._alias_adj: dict[str, set[str]] = {}
+        # (last_seen, table, key) per write; an entry is stale once the fact was seen again (its
+        # time differs) or dropped, and is skipped then (lazy invalidation).
+        self._expiry: list[tuple[float, str, str]] = []
+
+    # ------------------------------------------------------------------------ derived indexes
+
+    @staticmethod
+    def _link(index: dict[str, set[str]], key: str, value: str) -> None:
+        index.setdefault(key, set()).add(value)
+
+    @staticmethod
+    def _unlink(index: dict[str, set[str]], key: str, value: str) -> None:
+        values = index.get(key)
+        if values is not None:
+            values.discard(value)
+            if not values:
+                del index[key]
+
+    def _index(self, table: str, key: str, add: bool) -> None:
+        """Add (or remove) one fact of ``table`` to (from) the adjacency indexes."""
+        op = self._link if add else self._unlink
+        if table == "gpu_node":
+            op(self._node_gpus, self.gpu_node[key][0], key)
+        elif table == "pod_node":
+            op(self._node_pods, self.pod_node[key][0], key)
+        else:
+            # Split on the first "|" (as the pairs always were), so odd names pair the same way.
+            a, _, b = key.partition("|")
+            if table == "gpu_pod":
+                op(self._gpu_pods, a, b)
+                op(self._pod_gpus, b, a)
+            elif table == "pod_model":
+                op(self._pod_models, a, b)
+                op(self._model_pods, b, a)
+            else:
+                op(self._alias_adj, a, b)
+                op(self._alias_adj, b, a)
+
+    def _table(self, table: str) -> dict[str, Any]:
+        return getattr(self, table)
+
+    def _seen(self, table: str, key: str) -> float:
+        value = self._table(table)[key]
+        return float(value[1]) if isinstance(value, list) else float(value)
+
+    def _put(self, table: str, key: str, value: Any, now: float) -> None:
+        """Write one fact (replacing an older one under the same key) and keep the indexes in step."""
+        facts = self._table(table)
+        if key in facts:
+            self._index(table, key, add=False)
+        facts[key] = value
+        self._index(table, key, add=True)
+        heapq.heappush(self._expiry, (now, table, key))
+
+    def _rebuild(self) -> None:
+        for table in ("gpu_node", "pod_node", "gpu_pod", "pod_model", "alias"):
+            for key in self._table(table):
+                self._index(table, key, add=True)
+                heapq.heappush(self._expiry, (self._seen(table, key), table, key))
+
+    # ---------------------------------------------------------------------------------- facts
 
     def learn(self, labels: Mapping[str, str], now: float, entity: str = "", entity_kind: str = "other") -> None:
         """Record the facts one label set states."""
@@ -110,70 +186,89 @@ class Topology:
         nodes = sorted(found["node"])
         if len(nodes) == 1:
             for gpu in found["gpu"]:
-                self.gpu_node[gpu] = [nodes[0], now]
+                self._put("gpu_node", gpu, [nodes[0], now], now)
             for pod in found["pod"]:
-                self.pod_node[pod] = [nodes[0], now]
+                self._put("pod_node", pod, [nodes[0], now], now)
         for gpu in found["gpu"]:
             for pod in found["pod"]:
-                self.gpu_pod[f"{gpu}|{pod}"] = now
+                self._put("gpu_pod", f"{gpu}|{pod}", now, now)
         for pod in found["pod"]:
             for model in found["model"]:
-                self.pod_model[f"{pod}|{model}"] = now
+                self._put("pod_model", f"{pod}|{model}", now, now)
         models = sorted(found["model"])
         for i, a in enumerate(models):
             for b in models[i + 1 :]:
-                self.alias[f"{a}|{b}"] = now
+                self._put("alias", f"{a}|{b}", now, now)
 
     def forget(self, now: float, ttl: float) -> None:
-        """Drop facts not seen for ``ttl`` seconds."""
-        self.gpu_node = {k: v for k, v in self.gpu_node.items() if now - v[1] < ttl}
-        self.pod_node = {k: v for k, v in self.pod_node.items() if now - v[1] < ttl}
-        self.gpu_pod = {k: t for k, t in self.gpu_pod.items() if now - t < ttl}
-        self.pod_model = {k: t for k, t in self.pod_model.items() if now - t < ttl}
-        self.alias = {k: t for k, t in self.alias.items() if now - t < ttl}
+        """Drop facts not seen for ``ttl`` seconds.
+
+        Pops the expiry heap while its oldest entry is expired (``now - seen >= ttl``, the same test
+        as a full pass; it is monotone in ``seen``, so the heap order finds every expired fact).
+        """
+        while self._expiry and now - self._expiry[0][0] >= ttl:
+            seen, table, key = heapq.heappop(self._expiry)
+            facts = self._table(table)
+            if key in facts and self._seen(table, key) == seen:
+                self._index(table, key, add=False)
+                del facts[key]
 
     # ---------------------------------------------------------------------------------- queries
 
     @staticmethod
-    def _pairs(edges: Mapping[str, float]) -> list[tuple[str, str]]:
-        return [(a, b) for a, _, b in (k.partition("|") for k in edges)]
+    def _union(index: Mapping[str, set[str]], keys: Iterable[str]) -> set[str]:
+        out: set[str] = set()
+        for key in keys:
+            out |= index.get(key, set())
+        return out
 
     def _pods_on(self, nodes: set[str]) -> set[str]:
-        return {pod for pod, (node, _) in self.pod_node.items() if node in nodes}
+        return self._union(self._node_pods, nodes)
 
     def _gpus_on(self, nodes: set[str]) -> set[str]:
-        return {gpu for gpu, (node, _) in self.gpu_node.items() if node in nodes}
+        return self._union(self._node_gpus, nodes)
 
     def _models_of(self, pods: set[str]) -> set[str]:
-        return {m for p, m in self._pairs(self.pod_model) if p in pods}
+        return self._union(self._pod_models, pods)
 
     def reach(self, level: str, anchor_tokens: Iterable[str]) -> set[str]:
         """Every token that shares a GPU -> node -> pod -> model chain with one of ``anchor_tokens``."""
         start = set(anchor_tokens)
         out = set(start)
-        gpu_pod = self._pairs(self.gpu_pod)
         if level == "gpu":
             nodes = {self.gpu_node[g][0] for g in start if g in self.gpu_node}
-            pods = self._pods_on(nodes) | {p for g, p in gpu_pod if g in start}
+            pods = self._pods_on(nodes) | self._union(self._gpu_pods, start)
             out |= nodes | pods | self._models_of(pods)
         elif level == "node":
             pods = self._pods_on(start)
             out |= self._gpus_on(start) | pods | self._models_of(pods)
         elif level == "pod":
             nodes = {self.pod_node[p][0] for p in start if p in self.pod_node}
-            gpus = self._gpus_on(nodes) | {g for g, p in gpu_pod if p in start}
+            gpus = self._gpus_on(nodes) | self._union(self._pod_gpus, start)
             out |= nodes | gpus | self._models_of(start)
         elif level == "model":
-            models = set(start)
-            for a, b in self._pairs(self.alias):
-                if a in start:
-                    models.add(b)
-                if b in start:
-                    models.add(a)
-            pods = {p for p, m in self._pairs(self.pod_model) if m in models}
+            models = start | self._union(self._alias_adj, start)
+            pods = self._union(self._model_pods, models)
             nodes = {self.pod_node[p][0] for p in pods if p in self.pod_node}
-            gpus = self._gpus_on(nodes) | {g for g, p in gpu_pod if p in pods}
+            gpus = self._gpus_on(nodes) | self._union(self._pod_gpus, pods)
             out |= models | pods | nodes | gpus
+        return out
+
+    def neighbourhood(self, a: tuple[str, frozenset[str]]) -> set[str]:
+        """A superset of the tokens of every anchor ``b`` with ``related(a, b)``.
+
+        Lets the engine look up candidate incidents by token instead of testing every one;
+        it still confirms each candidate with :meth:`related`.
+        """
+        out = set(a[1])
+        if a[0] == "other":
+            return out
+        out |= self.reach(a[0], a[1])
+        if a[0] in ("gpu", "pod"):
+            nodes = self._nodes_of(a[0], a[1])
+            out |= self._gpus_on(nodes) | self._pods_on(nodes)
+        if a[0] == "pod":
+            out |= self._union(self._model_pods, self._models_of(set(a[1])))
         return out
 
     def _nodes_of(self, level: str, anchor_tokens: Iterable[str]) -> set[str]:
@@ -217,4 +312,5 @@ class Topology:
         topo.gpu_pod = {k: float(t) for k, t in data.get("gpu_pod", {}).items()}
         topo.pod_model = {k: float(t) for k, t in data.get("pod_model", {}).items()}
         topo.alias = {k: float(t) for k, t in data.get("alias", {}).items()}
+        topo._rebuild()
         return topo
