@@ -55,11 +55,11 @@ from typing import Any, Protocol, TypeVar
 from pipelines.app import Pipeline
 from pipelines.correlate.config import NOTIFIER_SEND_RESOLVED_DEFAULT, RoutingConfig
 from pipelines.correlate.engine import Engine
-from pipelines.correlate.errors import SilenceError
+from pipelines.correlate.errors import IncidentNotFound, SilenceError
 from pipelines.correlate.model import Action, Notification, alert_labels, fingerprint
 from pipelines.correlate.silences import Silence
 from pipelines.correlate.topology import DEPLOYMENT_LABELS, GPU_LABELS, MODEL_LABELS, NODE_LABELS, tokens
-from services.core.events import Anomaly, IncidentEvent
+from services.core.events import Anomaly, IncidentEvent, RemediationEvent
 from services.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -68,13 +68,14 @@ T = TypeVar("T")
 
 ROUTE_AGENT = "correlate-route"
 TOPOLOGY_AGENT = "correlate-topology"
+REMEDIATION_AGENT = "correlate-remediations"
 CORRELATE_AGENT = "correlate"
 BY_CLUSTER_TOPIC = "correlate.by-cluster.v1"
 STATE_TABLE = "correlate-engine-state"
 DEFAULT_CLUSTER = "default"
 SEEN_RETENTION_S = 86400.0  # how long the newest anomaly time per fingerprint is remembered
 KIND_HEADER = "clustermedic-kind"
-ANOMALY, TICK, TOPOLOGY = "anomaly", "tick", "topology"
+ANOMALY, TICK, TOPOLOGY, MITIGATE = "anomaly", "tick", "topology", "mitigate"
 TOPOLOGY_LABELS = frozenset(
     {*GPU_LABELS, *NODE_LABELS, *MODEL_LABELS, *DEPLOYMENT_LABELS, "gpu", "pod", "namespace", "cluster"}
 )
@@ -201,6 +202,16 @@ class Correlator:
         """Fire the cluster's timers due up to engine time ``now``."""
         engine = self.engine(cluster)
         actions = engine.tick(now)
+        self.dirty.add(cluster)
+        return actions
+
+    def mitigate(self, cluster: str, incident_id: str) -> list[Action]:
+        """Mark an incident mitigated (a remediation run succeeded); unknown incidents are ignored."""
+        engine = self.engine(cluster)
+        try:
+            actions = engine.mitigate(incident_id, _engine_now(engine))
+        except IncidentNotFound:
+            return []  # another cluster's incident, or resolved and forgotten already
         self.dirty.add(cluster)
         return actions
 
@@ -558,6 +569,19 @@ def register_correlate(
                     value = json.dumps({"labels": labels, "ts": ts}).encode()
                     await by_cluster.send(key=cluster.encode(), value=value, headers={KIND_HEADER: TOPOLOGY.encode()})
 
+    @app.agent(topics.remediations, name=REMEDIATION_AGENT)
+    async def correlate_remediations(stream):  # type: ignore[no-untyped-def]
+        # a run whose verification passed mitigates its incident; the incident then resolves when its
+        # alerts stay clear. The command goes through the cluster topic so it is ordered with the
+        # anomalies and replayed like them after a restart.
+        async for item in stream.events():
+            event = await pipeline.decode(RemediationEvent, item.value, item.key, consumer=REMEDIATION_AGENT)
+            if event is None or event.step or event.status != "succeeded":
+                continue
+            value = json.dumps({"incident_id": event.incident_id}).encode()
+            for cluster in sorted(set(correlator.engines) | {DEFAULT_CLUSTER}):
+                await by_cluster.send(key=cluster.encode(), value=value, headers={KIND_HEADER: MITIGATE.encode()})
+
     @app.agent(by_cluster, name=CORRELATE_AGENT)
     async def correlate(stream):  # type: ignore[no-untyped-def]
         if not loaded.is_set():
@@ -580,6 +604,8 @@ def register_correlate(
                 elif kind == TOPOLOGY:
                     fact = json.loads(event.value)
                     correlator.observe(cluster, fact["labels"], float(fact["ts"]))
+                elif kind == MITIGATE:
+                    actions = correlator.mitigate(cluster, str(json.loads(event.value)["incident_id"]))
                 else:
                     anomaly = await pipeline.decode(Anomaly, event.value, event.key, consumer=CORRELATE_AGENT)
                     if anomaly is not None:

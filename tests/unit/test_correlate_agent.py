@@ -154,3 +154,13 @@ def test_notifications_for_a_receiver_without_notifiers_are_dropped_before_the_n
         ts=1.0,
     )
     default_notifier(Settings(), ROUTING)(note)  # returns without touching Celery
+
+
+def test_a_successful_remediation_mitigates_its_incident_and_unknown_ids_are_ignored():
+    c = Correlator(ROUTING, FakeClock())
+    opened = incidents(c.ingest("c1", anomaly("GPU-1", 1000.0)))
+    assert [e.kind for e in opened] == ["opened"]
+    mitigated = incidents(c.mitigate("c1", opened[0].incident_id))
+    assert [(e.kind, e.incident_id) for e in mitigated] == [("mitigated", opened[0].incident_id)]
+    assert c.mitigate("c1", opened[0].incident_id) == []  # a redelivered success changes nothing
+    assert c.mitigate("c1", "inc-from-another-cluster") == []
