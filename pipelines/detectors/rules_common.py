@@ -97,6 +97,48 @@ def make_anomaly(
 # ------------------------------------------------------------------------------------ grouping
 
 
+@dataclass
+class Finding:
+    """One rule's verdict on one snapshot: a condition firing or resolving, with its evidence."""
+
+    signal: str
+    transition: Transition
+    score: float
+    threshold: float
+    severity: Severity
+    evidence: dict[str, Any]
+
+
+def findings_to_anomalies(
+    findings: Iterable[Finding],
+    *,
+    detector: str,
+    entity: str,
+    entity_kind: EntityKind,
+    ts: float,
+    labels: dict[str, str],
+    emit_resolved: bool,
+) -> list[Anomaly]:
+    """Turn a snapshot's findings into anomalies (resolutions only when the detector reports them)."""
+    return [
+        make_anomaly(
+            detector=detector,
+            signal=f.signal,
+            entity=entity,
+            entity_kind=entity_kind,
+            score=f.score,
+            threshold=f.threshold,
+            severity=f.severity,
+            ts=ts,
+            labels=labels,
+            evidence=f.evidence,
+            status="resolved" if f.transition == "resolve" else "firing",
+        )
+        for f in findings
+        if f.transition == "fire" or emit_resolved
+    ]
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Every sample one entity reported at one timestamp (one scrape).

@@ -34,11 +34,11 @@ from typing import Any, ClassVar
 from pipelines.detectors.rules_common import (
     Condition,
     CounterTrack,
+    Finding,
     Snapshot,
-    Transition,
+    findings_to_anomalies,
     forget_older,
     held_back,
-    make_anomaly,
     snapshots,
     topology_labels,
 )
@@ -137,16 +137,6 @@ class GpuRulesState:
         )
 
 
-@dataclass
-class _Finding:
-    signal: str
-    transition: Transition
-    score: float
-    threshold: float
-    severity: Severity
-    evidence: dict[str, Any]
-
-
 @dataclass(frozen=True)
 class GpuRuleDetector:
     """GPU hardware-health rules: ECC, row remapping, thermal and power throttling, NVLink, VRAM.
@@ -218,24 +208,15 @@ class GpuRuleDetector:
                 *self._vram(snap, gpu),
             ]
             labels = topology_labels(snap.labels())
-            for f in findings:
-                if f.transition == "resolve" and not self.emit_resolved:
-                    continue
-                anomalies.append(
-                    make_anomaly(
-                        detector=DETECTOR_NAME,
-                        signal=f.signal,
-                        entity=snap.entity,
-                        entity_kind="gpu",
-                        score=f.score,
-                        threshold=f.threshold,
-                        severity=f.severity,
-                        ts=snap.ts,
-                        labels=labels,
-                        evidence=f.evidence,
-                        status="resolved" if f.transition == "resolve" else "firing",
-                    )
-                )
+            anomalies += findings_to_anomalies(
+                findings,
+                detector=DETECTOR_NAME,
+                entity=snap.entity,
+                entity_kind="gpu",
+                ts=snap.ts,
+                labels=labels,
+                emit_resolved=self.emit_resolved,
+            )
         return state, anomalies
 
     # -- rules
@@ -250,8 +231,8 @@ class GpuRuleDetector:
         step = track.update(sum(s.value for s in samples), snap.ts, window_s)
         return step, track.window_increase()
 
-    def _ecc(self, snap: Snapshot, gpu: GpuHealth) -> list[_Finding]:
-        out: list[_Finding] = []
+    def _ecc(self, snap: Snapshot, gpu: GpuHealth) -> list[Finding]:
+        out: list[Finding] = []
         sbe = self._counter(snap, gpu, SBE, self.sbe_window_s)
         if sbe is not None:
             _, in_window = sbe
@@ -259,7 +240,7 @@ class GpuRuleDetector:
             change = cond.update(in_window >= self.sbe_threshold, snap.ts, 1)
             if change is not None:
                 out.append(
-                    _Finding(
+                    Finding(
                         "ecc_sbe_rate",
                         change,
                         in_window,
@@ -278,7 +259,7 @@ class GpuRuleDetector:
         forget_older(gpu.fired, snap.ts, self.dbe_hold_s)
         if dbe is not None and dbe[0] > 0 and not held_back(gpu.fired, "ecc_dbe", snap.ts, self.dbe_hold_s):
             out.append(
-                _Finding(
+                Finding(
                     "ecc_dbe",
                     "fire",
                     dbe[0],
@@ -289,8 +270,8 @@ class GpuRuleDetector:
             )
         return out
 
-    def _row_remap(self, snap: Snapshot, gpu: GpuHealth) -> list[_Finding]:
-        out: list[_Finding] = []
+    def _row_remap(self, snap: Snapshot, gpu: GpuHealth) -> list[Finding]:
+        out: list[Finding] = []
         rules: tuple[tuple[str, str, Severity, str], ...] = (
             ("row_remap_pending", REMAP_PENDING, "warning", "reset_gpu"),
             ("row_remap_failure", REMAP_FAILURE, "critical", "drain_node"),
@@ -302,11 +283,11 @@ class GpuRuleDetector:
             change = gpu.conditions.setdefault(signal, Condition()).update(value > 0, snap.ts, 1)
             if change is not None:
                 evidence = {metric: value, "remediation": remediation}
-                out.append(_Finding(signal, change, value, 1.0, severity, evidence))
+                out.append(Finding(signal, change, value, 1.0, severity, evidence))
         return out
 
-    def _throttle(self, snap: Snapshot, gpu: GpuHealth) -> list[_Finding]:
-        out: list[_Finding] = []
+    def _throttle(self, snap: Snapshot, gpu: GpuHealth) -> list[Finding]:
+        out: list[Finding] = []
         reasons_value = snap.value(*THROTTLE_REASONS)
         temp = snap.value(GPU_TEMP)
         reasons = int(reasons_value) if reasons_value is not None else None
@@ -319,7 +300,7 @@ class GpuRuleDetector:
             change = cond.update(bool(thermal_bits) or hot, snap.ts, self.thermal_samples)
             if change is not None:
                 out.append(
-                    _Finding(
+                    Finding(
                         "gpu_thermal_throttle",
                         change,
                         float(cond.streak),
@@ -342,7 +323,7 @@ class GpuRuleDetector:
             if change is not None:
                 severity: Severity = "warning" if reasons & HW_POWER_BRAKE else "info"
                 out.append(
-                    _Finding(
+                    Finding(
                         "gpu_power_throttle",
                         change,
                         float(cond.streak),
@@ -359,7 +340,7 @@ class GpuRuleDetector:
                 )
         return out
 
-    def _nvlink(self, snap: Snapshot, gpu: GpuHealth) -> list[_Finding]:
+    def _nvlink(self, snap: Snapshot, gpu: GpuHealth) -> list[Finding]:
         errors: dict[str, float] = {}
         for metric in NVLINK_ERRORS:
             counted = self._counter(snap, gpu, metric, self.nvlink_window_s)
@@ -382,7 +363,7 @@ class GpuRuleDetector:
             "remediation": "reset_gpu",
         }
         return [
-            _Finding(
+            Finding(
                 "nvlink_errors",
                 change,
                 total,
@@ -392,7 +373,7 @@ class GpuRuleDetector:
             )
         ]
 
-    def _vram(self, snap: Snapshot, gpu: GpuHealth) -> list[_Finding]:
+    def _vram(self, snap: Snapshot, gpu: GpuHealth) -> list[Finding]:
         used = snap.value(FB_USED)
         free = snap.value(FB_FREE)
         if used is None or free is None:
@@ -406,4 +387,4 @@ class GpuRuleDetector:
         if change is None:
             return []
         evidence = {"used_mib": used, "total_mib": total, "used_ratio": ratio, "since": cond.since}
-        return [_Finding("vram_pressure", change, ratio, self.vram_threshold, "warning", evidence)]
+        return [Finding("vram_pressure", change, ratio, self.vram_threshold, "warning", evidence)]

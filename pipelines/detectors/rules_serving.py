@@ -31,9 +31,9 @@ from typing import Any, ClassVar
 from pipelines.detectors.rules_common import (
     Condition,
     CounterTrack,
+    Finding,
     Snapshot,
-    Transition,
-    make_anomaly,
+    findings_to_anomalies,
     snapshots,
     topology_labels,
 )
@@ -86,16 +86,6 @@ class ServingRulesState:
                 for pod, p in data.get("pods", {}).items()
             }
         )
-
-
-@dataclass
-class _Finding:
-    signal: str
-    transition: Transition
-    score: float
-    threshold: float
-    severity: Severity
-    evidence: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -165,29 +155,20 @@ class ServingRuleDetector:
                 *self._errors(snap, pod),
             ]
             labels = topology_labels(next(s[0].labels for n, s in snap.samples.items() if n.startswith("vllm:") and s))
-            for f in findings:
-                if f.transition == "resolve" and not self.emit_resolved:
-                    continue
-                anomalies.append(
-                    make_anomaly(
-                        detector=DETECTOR_NAME,
-                        signal=f.signal,
-                        entity=snap.entity,
-                        entity_kind="pod",
-                        score=f.score,
-                        threshold=f.threshold,
-                        severity=f.severity,
-                        ts=snap.ts,
-                        labels=labels,
-                        evidence=f.evidence,
-                        status="resolved" if f.transition == "resolve" else "firing",
-                    )
-                )
+            anomalies += findings_to_anomalies(
+                findings,
+                detector=DETECTOR_NAME,
+                entity=snap.entity,
+                entity_kind="pod",
+                ts=snap.ts,
+                labels=labels,
+                emit_resolved=self.emit_resolved,
+            )
         return state, anomalies
 
     # -- rules
 
-    def _kv(self, snap: Snapshot, pod: PodServing) -> list[_Finding]:
+    def _kv(self, snap: Snapshot, pod: PodServing) -> list[Finding]:
         usage = snap.value(*KV_USAGE)
         if usage is None:
             return []
@@ -202,9 +183,9 @@ class ServingRuleDetector:
             "waiting": snap.value(WAITING),
             "running": snap.value(RUNNING),
         }
-        return [_Finding("kv_cache_saturation", change, usage, self.kv_threshold, "warning", evidence)]
+        return [Finding("kv_cache_saturation", change, usage, self.kv_threshold, "warning", evidence)]
 
-    def _queue(self, snap: Snapshot, pod: PodServing) -> list[_Finding]:
+    def _queue(self, snap: Snapshot, pod: PodServing) -> list[Finding]:
         waiting = snap.value(WAITING)
         if waiting is None:
             return []
@@ -228,14 +209,14 @@ class ServingRuleDetector:
             "growth": waiting - earlier if earlier is not None else None,
             "since": cond.since,
         }
-        return [_Finding("queue_saturation", change, ratio, self.queue_ratio, "warning", evidence)]
+        return [Finding("queue_saturation", change, ratio, self.queue_ratio, "warning", evidence)]
 
     def _counter(self, pod: PodServing, key: str, value: float, ts: float, window_s: float) -> float:
         track = pod.counters.setdefault(key, CounterTrack())
         track.update(value, ts, window_s)
         return track.window_increase()
 
-    def _preemption(self, snap: Snapshot, pod: PodServing) -> list[_Finding]:
+    def _preemption(self, snap: Snapshot, pod: PodServing) -> list[Finding]:
         total = snap.value(PREEMPTIONS)
         if total is None:
             return []
@@ -250,9 +231,9 @@ class ServingRuleDetector:
             "per_minute": increase * 60.0 / self.preempt_window_s,
             "kv_cache_usage": snap.value(*KV_USAGE),
         }
-        return [_Finding("preemption_storm", change, increase, self.preempt_threshold, "warning", evidence)]
+        return [Finding("preemption_storm", change, increase, self.preempt_threshold, "warning", evidence)]
 
-    def _errors(self, snap: Snapshot, pod: PodServing) -> list[_Finding]:
+    def _errors(self, snap: Snapshot, pod: PodServing) -> list[Finding]:
         outcomes = snap.samples.get(SUCCESS, [])
         failures = [(name, snap.samples[name]) for name in self.failure_counters if name in snap.samples]
         if not outcomes and not failures:
@@ -286,4 +267,4 @@ class ServingRuleDetector:
             "window_s": self.error_window_s,
             "by_reason": by_reason,
         }
-        return [_Finding("error_rate", change, ratio, self.error_threshold, severity, evidence)]
+        return [Finding("error_rate", change, ratio, self.error_threshold, severity, evidence)]
