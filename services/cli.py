@@ -378,6 +378,14 @@ def api_serve(
     )
 
 
+@app.command("diagnostician")
+def diagnostician_service() -> None:
+    """Run the diagnostician: diagnose each opened or updated incident on incidents.v1, store and publish it."""
+    from services.diagnostician.service import run
+
+    run(_settings())
+
+
 @app.command()
 def demo() -> None:
     """Send one event of each type through Kafka and the smoke agent; print what arrived."""

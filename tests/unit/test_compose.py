@@ -30,7 +30,7 @@ ROLE_COMMANDS: dict[str, list[str]] = {
     "ingest": ["medic", "ingest", "serve"],
     "detect": ["medic", "pipeline", "--role", "detect"],
     "correlate": ["medic", "pipeline", "--role", "correlate"],
-    "diagnose": ["medic", "diagnose", "serve"],
+    "diagnose": ["medic", "diagnostician"],
     "worker": ["medic", "worker", "--queues", "remediation,notify"],
     "api": ["medic", "api", "serve"],
     "simulator": ["medic", "sim", "run", "--scenario", "random", "--sink", "kafka", "--speed", "1"],
@@ -466,3 +466,20 @@ def test_deploy_doc_lists_every_environment_variable(
     names.update(re.findall(r"\$\{(\w+)", (ROOT / "docker-compose.yml").read_text(encoding="utf-8")))
     missing = sorted(n for n in names if f"`{n}`" not in doc)
     assert not missing, f"docs/deploy.md does not list {missing}"
+
+
+def test_every_role_command_is_a_real_medic_command() -> None:
+    import typer
+
+    from services.cli import app
+
+    for role, command in ROLE_COMMANDS.items():
+        assert command[0] == "medic", role
+        cmd: Any = typer.main.get_command(app)
+        args = command[1:]
+        # typer builds on its own copy of click: a group is whatever has sub-commands
+        while getattr(cmd, "commands", None) and args and args[0] in cmd.commands:
+            cmd, args = cmd.commands[args[0]], args[1:]
+        assert not getattr(cmd, "commands", None), f"{role}: {command} names a command group, not a command"
+        # parsing the remaining words must succeed: an unknown option or a missing argument fails here
+        cmd.make_context("medic", list(args), resilient_parsing=False)
