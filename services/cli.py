@@ -386,6 +386,20 @@ def diagnostician_service() -> None:
     run(_settings())
 
 
+@app.command("remediator")
+def remediator_service() -> None:
+    """Run the remediator: submit each diagnosis on diagnoses.v1 to policy, approvals and the Celery playbooks."""
+    from services.celery_app import configure
+    from services.remediation.config import RemediationSettings
+    from services.remediation.runtime import build_executor
+    from services.remediation.service import run
+    from services.remediation.tasks import CeleryDispatcher
+
+    settings = _settings()
+    configure(settings)
+    run(settings, build_executor(settings, RemediationSettings(), CeleryDispatcher()))
+
+
 @app.command()
 def demo() -> None:
     """Send one event of each type through Kafka and the smoke agent; print what arrived."""

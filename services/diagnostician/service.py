@@ -1,9 +1,8 @@
 """The diagnostician service: consume ``incidents.v1``, diagnose, store, publish ``diagnoses.v1``.
 
-A plain kafka-python consumer in a consumer group (not a Faust agent: diagnosing is request/response
-work with a database and, optionally, an LLM call, with no stream state to co-partition). Offsets are
-committed after the diagnoses of a poll are stored and acknowledged by Kafka, so a crash re-diagnoses
-at most one poll's incidents (at-least-once; a repeated diagnosis is a new row, harmless).
+A consumer-group loop (services.core.consumer; not a Faust agent: diagnosing is request/response work
+with a database and, optionally, an LLM call). A crash re-diagnoses at most one poll's incidents
+(at-least-once; a repeated diagnosis is a new row, harmless).
 
 Only ``opened`` and ``updated`` events are diagnosed: a mitigated or resolved incident needs no new
 diagnosis. A message that is not an IncidentEvent goes to ``deadletter.v1`` and the loop goes on.
@@ -15,11 +14,9 @@ import logging
 import threading
 import time
 
-from kafka import KafkaConsumer
-from kafka.errors import KafkaError
-
 from services.core.bus import KafkaPublisher
-from services.core.errors import ClusterMedicError, EventError, InfraNotReady
+from services.core.consumer import consume
+from services.core.errors import ClusterMedicError, EventError
 from services.core.events import DeadLetter, IncidentEvent
 from services.core.settings import Settings
 from services.diagnostician.diagnostician import Diagnostician, diagnose_incident, make_diagnostician
@@ -51,33 +48,15 @@ def run(
         InfraNotReady: Kafka is unreachable at start.
     """
     doctor = diagnostician or make_diagnostician(settings)
-    try:
-        consumer = KafkaConsumer(
-            settings.topic(IncidentEvent.topic),
-            bootstrap_servers=settings.bootstrap_servers,
-            group_id=f"{settings.faust_app_id}-{CONSUMER}",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-    except KafkaError as exc:
-        raise InfraNotReady(f"no Kafka broker at {settings.bootstrap_servers}: {exc}") from exc
-    handled = 0
-    stop = stop or threading.Event()
-    try:
-        with KafkaPublisher(settings) as publisher:
-            while not stop.is_set() and (max_messages is None or handled < max_messages):
-                batches = consumer.poll(timeout_ms=poll_timeout_ms, max_records=50)
-                if not batches:
-                    continue
-                for records in batches.values():
-                    for record in records:
-                        handle(record.value, record.key, settings, doctor, publisher)
-                        handled += 1
-                publisher.flush()
-                consumer.commit()
-    finally:
-        consumer.close()
-    return handled
+    return consume(
+        settings,
+        IncidentEvent.topic,
+        CONSUMER,
+        lambda raw, key, publisher: handle(raw, key, settings, doctor, publisher),
+        stop=stop,
+        max_messages=max_messages,
+        poll_timeout_ms=poll_timeout_ms,
+    )
 
 
 def handle(raw: bytes, key: bytes | None, settings: Settings, doctor: Diagnostician, publisher: KafkaPublisher) -> None:

@@ -1,0 +1,73 @@
+"""The remediator consumes diagnoses.v1: a level-2 proposal waits for approval, a playbook outside the
+registry never runs, a redelivered diagnosis is the same run, and garbage is dead-lettered."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from services.core.bus import KafkaPublisher, ensure_topics, read_raw
+from services.core.events import DeadLetter, Diagnosis, Hypothesis
+from services.remediation.config import RemediationSettings
+from services.remediation.runtime import build_executor
+from services.remediation.service import run
+from services.store.db import migrate
+
+pytestmark = pytest.mark.integration
+
+
+class RecordingDispatcher:
+    """Records what the executor would start on Celery (nothing here may start)."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def execute(self, run_id: str) -> None:
+        self.started.append(run_id)
+
+    def chain(self, run_id: str, *args: object) -> None:
+        self.started.append(run_id)
+
+    def rollback(self, run_id: str, token: str) -> None:
+        self.started.append(run_id)
+
+
+def _diagnosis(incident: str, playbook: str) -> Diagnosis:
+    return Diagnosis(
+        incident_id=incident,
+        diagnostician="ranker",
+        hypotheses=(Hypothesis(cause="gpu_xid_79", confidence=0.9, playbook=playbook, level=2),),
+        proposed_playbook=playbook,
+        proposed_params={"node": "gpu-node-000"},
+        level=2,
+        ts=time.time(),
+    )
+
+
+def test_diagnoses_on_the_topic_become_runs_that_respect_levels_and_the_registry(kafka_ready, fresh_database, settings):
+    settings = fresh_database.model_copy(update={"topic_prefix": settings.topic_prefix})
+    migrate(settings)
+    ensure_topics(settings)
+    reboot = _diagnosis("inc-svc-1", "reboot_node")
+    rogue = _diagnosis("inc-svc-2", "format_all_disks")
+    with KafkaPublisher(settings) as publisher:
+        publisher.publish(reboot)
+        publisher.publish(reboot)  # redelivered
+        publisher.publish(rogue)
+        publisher.send_raw(Diagnosis.topic, b"inc-svc-3", b"{not json")
+    dispatcher = RecordingDispatcher()
+    executor = build_executor(settings, RemediationSettings(), dispatcher)
+
+    handled = run(settings, executor, max_messages=4)
+
+    assert handled == 4
+    runs = {r.incident_id: r for r in executor.store.list_runs()}
+    assert len(executor.store.list_runs()) == 2, "a redelivered diagnosis must be the same run"
+    assert runs["inc-svc-1"].status == "awaiting_approval" and runs["inc-svc-1"].playbook == "reboot_node"
+    assert runs["inc-svc-2"].status == "blocked"  # dropped: not in the playbook registry
+    assert dispatcher.started == [], "nothing may start before approval, and an unknown playbook never"
+    letters = [
+        DeadLetter.from_bytes(v) for _, _, v in read_raw(settings, [DeadLetter.topic], max_messages=1, timeout_s=10)
+    ]
+    assert letters and letters[0].raw == b"{not json" and letters[0].consumer == "remediator"
