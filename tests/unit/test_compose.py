@@ -31,6 +31,7 @@ ROLE_COMMANDS: dict[str, list[str]] = {
     "detect": ["medic", "pipeline", "--role", "detect"],
     "correlate": ["medic", "pipeline", "--role", "correlate"],
     "diagnose": ["medic", "diagnostician"],
+    "remediator": ["medic", "remediator"],
     "worker": ["medic", "worker", "--queues", "remediation,notify"],
     "api": ["medic", "api", "serve"],
     "simulator": ["medic", "sim", "run", "--scenario", "random", "--sink", "kafka", "--speed", "1"],
