@@ -1,4 +1,4 @@
-"""The ClusterMedic HTTP API: incidents and silences.
+"""The ClusterMedic HTTP API: incidents, silences, remediation runs and approvals.
 
 =====================================  ==========================================================
 ``GET /healthz``                       liveness, and whether PostgreSQL answers
@@ -8,6 +8,9 @@
 ``GET /api/v1/silences``               silences (``state``: pending, active, expired)
 ``GET /api/v1/silences/{id}``          one silence
 ``DELETE /api/v1/silences/{id}``       expire a silence now
+``GET /api/v1/remediation/runs``       remediation runs (``status``, ``limit``); ``/runs/{id}`` one
+``POST .../runs/{id}/approve|reject``  decide on a level-2 run (services/remediation/api.py)
+``POST .../remediation/slack/...``     the Slack approval button (signed requests only)
 =====================================  ==========================================================
 
 The correlate agent polls the silences table, so a silence created here mutes matching alerts within
@@ -31,6 +34,7 @@ from pipelines.correlate.durations import parse_duration
 from pipelines.correlate.errors import SilenceError
 from services.core.errors import InfraError
 from services.core.settings import Settings
+from services.remediation.executor import Executor
 from services.store.db import connect
 from services.store.incidents import get_incident, list_incidents
 from services.store.silences import (
@@ -77,14 +81,49 @@ class SilenceBody(BaseModel):
         return start, end
 
 
-def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) -> FastAPI:
-    """Build the API app.
+def create_app(
+    settings: Settings,
+    *,
+    clock: Callable[[], float] = time.time,
+    executor: Callable[[], Executor] | None = None,
+    slack_signing_secret: str | None = None,
+) -> FastAPI:
+    """Build the API app: incidents, silences, and remediation runs and approvals under ``/api/v1``.
 
     Args:
         settings: where PostgreSQL is.
         clock: UNIX time (silence start defaults, state filters); injected by tests.
+        executor: returns the remediation executor; default: built on first use from the settings
+            (Celery dispatcher, remediation.yaml).
+        slack_signing_secret: for the Slack approval button; default from RemediationSettings.
     """
     api = FastAPI(title="ClusterMedic", version="1")
+    from services.remediation.api import create_router
+    from services.remediation.config import RemediationSettings
+
+    rsettings = RemediationSettings()
+    built: list[Executor] = []
+
+    def default_executor() -> Executor:
+        # built on first use: the API serves incidents and silences even where Celery is not configured
+        if not built:
+            from services.celery_app import configure
+            from services.remediation.runtime import build_executor
+            from services.remediation.tasks import CeleryDispatcher
+
+            configure(settings)
+            built.append(build_executor(settings, rsettings, CeleryDispatcher()))
+        return built[0]
+
+    api.include_router(
+        create_router(
+            executor or default_executor,
+            slack_signing_secret=rsettings.slack_signing_secret
+            if slack_signing_secret is None
+            else slack_signing_secret,
+        ),
+        prefix="/api/v1",
+    )
 
     @contextmanager
     def db() -> Iterator[psycopg.Connection]:

@@ -71,3 +71,23 @@ def test_diagnoses_on_the_topic_become_runs_that_respect_levels_and_the_registry
         DeadLetter.from_bytes(v) for _, _, v in read_raw(settings, [DeadLetter.topic], max_messages=1, timeout_s=10)
     ]
     assert letters and letters[0].raw == b"{not json" and letters[0].consumer == "remediator"
+
+
+def test_the_api_serves_remediation_runs_and_approvals(fresh_database):
+    from fastapi.testclient import TestClient
+
+    from services.api.app import create_app
+
+    migrate(fresh_database)
+    dispatcher = RecordingDispatcher()
+    executor = build_executor(fresh_database, RemediationSettings(), dispatcher)
+    run_id, decision = executor.submit(_diagnosis("inc-api-1", "reboot_node"))
+    assert decision.outcome == "await_approval"
+    api = TestClient(create_app(fresh_database, executor=lambda: executor))
+
+    listed = api.get("/api/v1/remediation/runs").json()
+    assert [r["run_id"] for r in listed] == [run_id]
+    approved = api.post(f"/api/v1/remediation/runs/{run_id}/approve", json={"approver": "ana", "comment": "go"})
+    assert approved.status_code == 200, approved.text
+    assert dispatcher.started == [run_id], "an approved run starts"
+    assert api.post(f"/api/v1/remediation/runs/{run_id}/approve", json={"approver": "bo"}).status_code == 409
