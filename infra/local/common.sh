@@ -40,3 +40,43 @@ stop_pidfile() {
 port_busy() {
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
+
+# apt_install BINARY PACKAGE [HINT]: install Debian's PACKAGE when BINARY is missing (root only). The
+# package's own service is never used: each script runs a private instance on a loopback port.
+apt_install() {
+  local binary=$1 package=$2 hint=${3:-}
+  command -v "$binary" >/dev/null && return 0
+  [ "$(id -u)" = 0 ] || die "$binary is missing; install Debian's $package package${hint}"
+  log "installing Debian's $package"
+  { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package"; } \
+    >"$STATE_DIR/apt-$package.log" 2>&1 || die "apt-get install $package failed; see $STATE_DIR/apt-$package.log"
+}
+
+# http_ok URL: true when URL answers 200 within a second.
+http_ok() {
+  "$PYTHON" - "$1" <<'PY'
+import sys, urllib.request
+try:
+    sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=1).status == 200 else 1)
+except Exception:
+    sys.exit(1)
+PY
+}
+
+# wait_http_ready URL LOGFILE: poll URL for 30 s while the process in $PIDFILE lives.
+wait_http_ready() {
+  local url=$1 logfile=$2
+  for _ in $(seq 1 300); do
+    if http_ok "$url"; then log "ready (pid $(cat "$PIDFILE")) on 127.0.0.1:$PORT"; return 0; fi
+    pid_alive "$PIDFILE" || die "$COMPONENT exited; see $logfile"
+    sleep 0.1
+  done
+  die "$COMPONENT was not ready within 30 s; see $logfile"
+}
+
+# print_status: one line on the instance recorded in $PIDFILE; non-zero when it is stopped.
+print_status() {
+  if pid_alive "$PIDFILE"; then echo "$COMPONENT: running (pid $(cat "$PIDFILE")) on 127.0.0.1:$PORT"
+  else echo "$COMPONENT: stopped"; return 1; fi
+}

@@ -12,21 +12,11 @@ PORT=${CLUSTERMEDIC_REDIS_PORT:-16379}
 DIR=$STATE_DIR/redis
 PIDFILE=$DIR/redis.pid
 
-ensure_installed() {
-  command -v redis-server >/dev/null && return 0
-  [ "$(id -u)" = 0 ] || die "redis-server is missing; install Debian's redis-server or set CLUSTERMEDIC_REDIS_URL"
-  log "installing Debian's redis-server"
-  # the package's own service is not wanted: we run our own instance on a private port
-  { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server; } \
-    >"$STATE_DIR/apt-redis.log" 2>&1 || die "apt-get install redis-server failed; see $STATE_DIR/apt-redis.log"
-}
-
 start() {
   if [ -n "${CLUSTERMEDIC_REDIS_URL:-}" ]; then log "using $CLUSTERMEDIC_REDIS_URL (not started here)"; return 0; fi
   if pid_alive "$PIDFILE"; then log "already running (pid $(cat "$PIDFILE")) on 127.0.0.1:$PORT"; return 0; fi
   port_busy "$PORT" && die "127.0.0.1:$PORT is already in use by another process (set CLUSTERMEDIC_REDIS_PORT)"
-  ensure_installed
+  apt_install redis-server redis-server " or set CLUSTERMEDIC_REDIS_URL"
   mkdir -p "$DIR"
   redis-server --bind 127.0.0.1 --port "$PORT" --dir "$DIR" --daemonize yes \
       --pidfile "$PIDFILE" --logfile "$DIR/redis.log" --save "" --appendonly no >&2
@@ -41,8 +31,7 @@ start() {
 
 status() {
   if [ -n "${CLUSTERMEDIC_REDIS_URL:-}" ]; then echo "redis: external $CLUSTERMEDIC_REDIS_URL"; return 0; fi
-  if pid_alive "$PIDFILE"; then echo "redis: running (pid $(cat "$PIDFILE")) on 127.0.0.1:$PORT"
-  else echo "redis: stopped"; return 1; fi
+  print_status
 }
 
 case "${1:-}" in
