@@ -22,6 +22,8 @@ help:
 # One resolver run, frozen in requirements.lock (regenerate with `make lock`).
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(BASE_PYTHON) -m venv $(VENV)
+	@# a venv made by uv has no pip: bootstrap it rather than fail
+	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(BIN)/python -m ensurepip >/dev/null
 	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
 	$(BIN)/uv pip sync -q --python $(BIN)/python requirements.lock
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
