@@ -127,6 +127,19 @@ class Settings(BaseSettings):
         default=None, description="Kubeconfig for the events watcher. Unset: in-cluster config, else ~/.kube/config."
     )
     ingest_k8s_namespace: str = Field(default="", description="Namespace the events watcher follows; empty: all.")
+    ingest_nvml_interval_s: float = Field(
+        default=10.0, gt=0, description="Seconds between NVML readings of `medic ingest nvml`."
+    )
+    ingest_nvml_listen: str = Field(
+        default="",
+        description="host:port where `medic ingest nvml` serves DCGM-named /metrics; empty: do not serve.",
+    )
+    ingest_nvml_publish: bool = Field(
+        default=True, description="Whether `medic ingest nvml` publishes its readings to telemetry.metrics.v1."
+    )
+    ingest_nvml_hostname: str | None = Field(
+        default=None, description="Hostname label of NVML readings (default: this host's name; in Kubernetes the node)."
+    )
 
     # Diagnostician and knowledge base (services/diagnostician; docs/diagnostician.md)
     diagnostician: str = Field(

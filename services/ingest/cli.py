@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from services.core.events import MetricBatch
 from services.core.settings import Settings
 
 app = typer.Typer(help="Ingest from Prometheus, Loki, Alertmanager and Kubernetes into Kafka.", no_args_is_help=True)
@@ -75,6 +76,55 @@ def watch_k8s() -> None:
         watcher.run()
     finally:
         publisher.close()
+
+
+@app.command()
+def nvml(
+    listen: Annotated[
+        str | None, typer.Option(help="host:port to serve DCGM-named /metrics (default: ingest_nvml_listen).")
+    ] = None,
+    publish: Annotated[
+        bool | None, typer.Option(help="Publish readings to telemetry.metrics.v1 (default: ingest_nvml_publish).")
+    ] = None,
+    interval: Annotated[float | None, typer.Option(help="Seconds between readings.")] = None,
+    once: Annotated[bool, typer.Option(help="Take one reading, print it as exposition text, exit.")] = False,
+) -> None:
+    """Read this host's GPUs through NVML (for nodes without dcgm-exporter): serve and/or publish them."""
+    import threading
+
+    from services.ingest.nvml import NvmlCollector, NvmlUnavailable, exposition
+    from services.ingest.nvml_service import Exposition, run, serve_metrics
+
+    settings = _settings(ingest_nvml_listen=listen, ingest_nvml_publish=publish, ingest_nvml_interval_s=interval)
+    try:
+        collector = NvmlCollector(settings.ingest_nvml_hostname).open()
+    except NvmlUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    with collector:
+        if once:
+            typer.echo(exposition(collector.collect()), nl=False)
+            return
+        latest, stop = Exposition(), threading.Event()
+        if settings.ingest_nvml_listen:
+            serve_metrics(settings.ingest_nvml_listen, latest)
+        sender = None
+        if settings.ingest_nvml_publish:
+            from services.core.bus import KafkaPublisher, ensure_topics
+
+            ensure_topics(settings)
+            publisher = KafkaPublisher(settings)
+
+            def sender(batches: list[MetricBatch]) -> None:
+                for batch in batches:
+                    publisher.publish(batch)
+                publisher.flush(settings.ingest_flush_timeout_s)
+
+        typer.echo(f"reading {len(collector.gpus)} GPU(s) every {settings.ingest_nvml_interval_s:g}s", err=True)
+        try:
+            run(settings, collector, publish=sender, latest=latest, stop=stop)
+        except KeyboardInterrupt:
+            stop.set()
 
 
 if __name__ == "__main__":
