@@ -484,3 +484,27 @@ def test_every_role_command_is_a_real_medic_command() -> None:
         assert not getattr(cmd, "commands", None), f"{role}: {command} names a command group, not a command"
         # parsing the remaining words must succeed: an unknown option or a missing argument fails here
         cmd.make_context("medic", list(args), resilient_parsing=False)
+
+
+def test_optional_nvml_daemonset_runs_a_real_command_on_gpu_nodes_labelled_by_node_name() -> None:
+    import typer
+
+    from services.cli import app
+
+    (daemonset,) = _yaml_all(K8S / "optional" / "nvml-daemonset.yaml")
+    assert daemonset["kind"] == "DaemonSet"
+    pod = daemonset["spec"]["template"]
+    assert daemonset["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    # no GPU requested: the collector must not take a GPU away from serving
+    assert "nvidia.com/gpu" not in str(container["resources"])
+    env = {e["name"]: e for e in container["env"]}
+    assert env["CLUSTERMEDIC_INGEST_NVML_HOSTNAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    command = container["command"]
+    assert command[:3] == ["medic", "ingest", "nvml"]
+    cmd: Any = typer.main.get_command(app).commands["ingest"].commands["nvml"]  # type: ignore[attr-defined]
+    ctx = cmd.make_context("nvml", command[3:], resilient_parsing=False)
+    port = ctx.params["listen"].rsplit(":", 1)[1]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == int(port) == 9400  # dcgm-exporter's port, so existing scrape configs fit
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
