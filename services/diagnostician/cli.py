@@ -119,8 +119,19 @@ def eval_cmd(
     cases: Annotated[int | None, typer.Option(help="Stop after this many faults.")] = None,
     fault_type: Annotated[list[str] | None, typer.Option(help="Only these fault types (repeatable).")] = None,
     retrieval: Annotated[bool, typer.Option(help="Use the knowledge base (needs `medic kb index`).")] = False,
+    nezha: Annotated[
+        Path | None,
+        typer.Option(help="Instead: replay a Nezha-layout RCA folder (e.g. ../shared/data/rca/nezha) and score it."),
+    ] = None,
 ) -> None:
-    """Top-1/top-3 root-cause accuracy and latency of the offline ranker on seeded simulator faults."""
+    """Top-1/top-3 root-cause accuracy and latency of the offline ranker on seeded simulator faults.
+
+    With ``--nezha DIR`` the faults are instead those of a Nezha RCA data set, replayed as metric streams
+    (services/diagnostician/nezha.py); the other options do not apply.
+    """
+    if nezha is not None:
+        _eval_nezha(nezha)
+        return
     from services.diagnostician.diagnostician import RankerDiagnostician
     from services.diagnostician.embedder import make_embedder
     from services.diagnostician.evaluate import evaluate, summarise
@@ -143,3 +154,18 @@ def eval_cmd(
     finally:
         doctor.close()
     _print({"seeds": f"{seed_range.start}-{seed_range.stop - 1}", **summarise(results)})
+
+
+def _eval_nezha(root: Path) -> None:
+    """``medic eval diagnose --nezha DIR``: the table on stderr, the JSON summary on stdout."""
+    from services.diagnostician.documents import default_knowledge_dir
+    from services.diagnostician.nezha import evaluate_nezha, format_table, summarise
+
+    settings = Settings()
+    try:
+        report = evaluate_nezha(root, settings.kb_dir or default_knowledge_dir())
+    except ClusterMedicError as exc:
+        raise _fail(exc) from exc
+    summary = summarise(report)
+    sys.stderr.write(format_table(summary) + "\n")
+    _print(summary)
