@@ -108,6 +108,9 @@ class Settings(BaseSettings):
         default_factory=list, description="URLs of /metrics endpoints `medic ingest scrape` polls (JSON list)."
     )
     ingest_scrape_interval_s: float = Field(default=15.0, gt=0, description="Seconds between scrapes.")
+    ingest_scrape_job: str = Field(
+        default="scrape", description="`job` label `medic ingest scrape` sets on scraped samples (as Prometheus does)."
+    )
     ingest_prometheus_url: str | None = Field(
         default=None, description="Prometheus base URL `medic ingest pull-prom` queries with query_range."
     )

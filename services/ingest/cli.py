@@ -6,7 +6,8 @@ Each command builds one Settings object from the environment and passes it down.
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 
@@ -125,6 +126,158 @@ def nvml(
             run(settings, collector, publish=sender, latest=latest, stop=stop)
         except KeyboardInterrupt:
             stop.set()
+
+
+def _run_pull(settings: Settings, name: str, interval_s: float, once: bool, make_client: Callable[..., Any]) -> None:
+    """Run a pull client against the real Kafka: once, or every ``interval_s`` until SIGTERM / Ctrl-C.
+
+    ``make_client(delivery)`` builds the client (a Scraper, PrometheusPuller or LokiPuller).
+    """
+    import signal
+    import threading
+
+    from services.core.bus import KafkaPublisher, ensure_topics
+    from services.ingest.pull import delivery_for, run_every
+
+    ensure_topics(settings)
+    delivery = delivery_for(settings, KafkaPublisher(settings))
+    client = make_client(delivery)
+    stop = threading.Event()
+    try:
+        if once:
+            count = client.poll()
+            typer.echo(f"{name}: {count} items published", err=True)
+            return
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        typer.echo(f"{name}: polling every {interval_s:g}s", err=True)
+        try:
+            run_every(client.poll, interval_s, stop, name=name)
+        except KeyboardInterrupt:
+            stop.set()
+    finally:
+        delivery.queue.stop(settings.ingest_flush_timeout_s)
+
+
+_ONCE = typer.Option(help="Poll once, print how many items were published, exit.")
+
+
+@app.command()
+def scrape(
+    target: Annotated[
+        list[str] | None,
+        typer.Option(help="URL of a /metrics endpoint; repeat for several (default: ingest_scrape_targets)."),
+    ] = None,
+    interval: Annotated[
+        float | None, typer.Option(help="Seconds between scrapes (default: ingest_scrape_interval_s).")
+    ] = None,
+    job: Annotated[str | None, typer.Option(help="job label of scraped samples (default: ingest_scrape_job).")] = None,
+    once: Annotated[bool, _ONCE] = False,
+) -> None:
+    """Scrape Prometheus /metrics endpoints (text format) into telemetry.metrics.v1."""
+    from services.ingest.pull import Scraper
+
+    settings = _settings(ingest_scrape_targets=target or None, ingest_scrape_interval_s=interval, ingest_scrape_job=job)
+    if not settings.ingest_scrape_targets:
+        typer.echo("error: no targets: pass --target URL or set CLUSTERMEDIC_INGEST_SCRAPE_TARGETS", err=True)
+        raise typer.Exit(2)
+
+    def make(delivery: Any) -> Scraper:
+        return Scraper(
+            settings.ingest_scrape_targets,
+            delivery,
+            job=settings.ingest_scrape_job,
+            timeout_s=min(settings.ingest_scrape_interval_s, 10.0),
+            max_bytes=settings.ingest_max_decompressed_bytes,
+            max_samples=settings.ingest_max_samples_per_batch,
+        )
+
+    _run_pull(settings, "scrape", settings.ingest_scrape_interval_s, once, make)
+
+
+@app.command("pull-prom")
+def pull_prom(
+    url: Annotated[str | None, typer.Option(help="Prometheus base URL (default: ingest_prometheus_url).")] = None,
+    query: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=PROMQL to pull; repeat for several (default: ingest_prometheus_queries)."),
+    ] = None,
+    step: Annotated[
+        float | None, typer.Option(help="query_range step in seconds (default: ingest_pull_step_s).")
+    ] = None,
+    interval: Annotated[
+        float | None, typer.Option(help="Seconds between polls (default: ingest_pull_interval_s).")
+    ] = None,
+    once: Annotated[bool, _ONCE] = False,
+) -> None:
+    """Pull PromQL queries from Prometheus with query_range into telemetry.metrics.v1, resuming per query."""
+    from services.ingest.pull import PrometheusPuller
+
+    queries: dict[str, str] = {}
+    for item in query or []:
+        name, sep, promql = item.partition("=")
+        if not sep or not name.strip() or not promql.strip():
+            typer.echo(f"error: --query {item!r} is not NAME=PROMQL", err=True)
+            raise typer.Exit(2)
+        queries[name.strip()] = promql.strip()
+    settings = _settings(
+        ingest_prometheus_url=url,
+        ingest_prometheus_queries=queries or None,
+        ingest_pull_step_s=step,
+        ingest_pull_interval_s=interval,
+    )
+    if not settings.ingest_prometheus_url or not settings.ingest_prometheus_queries:
+        typer.echo("error: pull-prom needs --url and at least one --query NAME=PROMQL (or their settings)", err=True)
+        raise typer.Exit(2)
+    base_url = settings.ingest_prometheus_url
+
+    def make(delivery: Any) -> PrometheusPuller:
+        return PrometheusPuller(
+            base_url,
+            settings.ingest_prometheus_queries,
+            delivery,
+            step_s=settings.ingest_pull_step_s,
+            lookback_s=settings.ingest_pull_interval_s,
+            max_bytes=settings.ingest_max_decompressed_bytes,
+            max_samples=settings.ingest_max_samples_per_batch,
+        )
+
+    _run_pull(settings, "pull-prom", settings.ingest_pull_interval_s, once, make)
+
+
+@app.command("pull-loki")
+def pull_loki(
+    url: Annotated[str | None, typer.Option(help="Loki base URL (default: ingest_loki_url).")] = None,
+    query: Annotated[str | None, typer.Option(help="LogQL log query to follow (default: ingest_loki_query).")] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="Entries per query_range page (default: ingest_loki_limit).")
+    ] = None,
+    interval: Annotated[
+        float | None, typer.Option(help="Seconds between polls (default: ingest_pull_interval_s).")
+    ] = None,
+    once: Annotated[bool, _ONCE] = False,
+) -> None:
+    """Follow a LogQL query with Loki's query_range into telemetry.logs.v1 (no duplicates, no gaps)."""
+    from services.ingest.pull import LokiPuller
+
+    settings = _settings(
+        ingest_loki_url=url, ingest_loki_query=query, ingest_loki_limit=limit, ingest_pull_interval_s=interval
+    )
+    if not settings.ingest_loki_url:
+        typer.echo("error: pull-loki needs --url (or CLUSTERMEDIC_INGEST_LOKI_URL)", err=True)
+        raise typer.Exit(2)
+    base_url = settings.ingest_loki_url
+
+    def make(delivery: Any) -> LokiPuller:
+        return LokiPuller(
+            base_url,
+            settings.ingest_loki_query,
+            delivery,
+            limit=settings.ingest_loki_limit,
+            lookback_s=settings.ingest_pull_interval_s,
+            max_bytes=settings.ingest_max_decompressed_bytes,
+        )
+
+    _run_pull(settings, "pull-loki", settings.ingest_pull_interval_s, once, make)
 
 
 if __name__ == "__main__":
