@@ -19,7 +19,6 @@ import gzip
 import json
 import math
 import re
-import struct
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -180,14 +179,9 @@ def remote_write(
     from services.ingest.fastwrite import SeriesCache, walk_write_request
 
     raw = snappy_block(body, max_decompressed)
-    try:
-        WriteRequest.FromString(raw)  # validates framing and UTF-8 in C; the walk then trusts both
-    except ProtobufDecodeError as exc:
-        raise RejectedInput(f"body is not a prometheus.WriteRequest: {exc}", reason="protobuf") from exc
-    try:
-        batches, accepted, dropped = walk_write_request(raw, cache or SeriesCache(), max_samples=max_samples)
-    except (IndexError, struct.error, UnicodeDecodeError) as exc:  # cannot happen after upb said yes
-        raise RejectedInput(f"body is not a prometheus.WriteRequest: {exc}", reason="protobuf") from exc
+    # the walk checks the body with upb (C) unless every series is one upb accepted before
+    cache = cache if cache is not None else SeriesCache()
+    batches, accepted, dropped = walk_write_request(raw, cache, max_samples=max_samples)
     return list(batches), accepted, dropped
 
 

@@ -5,6 +5,11 @@ Receivers never talk to Kafka themselves: they hand a job (the events of one req
 once (waits for the broker's acks), then completes every job in that round. Publishing many jobs per
 flush is what makes throughput independent of the number of requests (group commit).
 
+A publisher that can flush asynchronously (:class:`PipelinedPublisher`, such as
+:class:`services.ingest.aiopublisher.AioKafkaPublisher`) lets the thread publish the next round while
+Kafka acknowledges the previous ones, up to ``rounds_in_flight`` rounds; a job still completes only
+once Kafka acknowledged its round, and its weight stays counted until then.
+
 The queue is bounded by *weight*: a MetricBatch weighs its sample count, every other event weighs
 one. A job that does not fit is refused at once (the receiver answers 503 with ``Retry-After``), so
 memory stays bounded however slow Kafka is. Dead letters have their own small allowance so that a
@@ -20,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -41,6 +46,14 @@ class Publisher(Protocol):
 
     def close(self) -> None:
         """Flush and release the connection."""
+
+
+@runtime_checkable
+class PipelinedPublisher(Publisher, Protocol):
+    """A publisher whose flush can complete later, so the next round can be published meanwhile."""
+
+    def flush_async(self, acked: Callable[[BaseException | None], None], timeout_s: float = 30.0) -> None:
+        """Send what is queued; call ``acked(None)`` once acknowledged, ``acked(error)`` otherwise."""
 
 
 class IngestMetrics:
@@ -146,6 +159,8 @@ class PublishQueue:
         flush_timeout_s: how long one round waits for Kafka's acks before failing its jobs.
         retry_after_s: the ``Retry-After`` a refused sender is given.
         round_weight: most weight published per flush (bounds a round's latency).
+        rounds_in_flight: most rounds awaiting Kafka's acks at once, with a :class:`PipelinedPublisher`
+            (any other publisher has one: its flush blocks).
     """
 
     def __init__(
@@ -158,6 +173,7 @@ class PublishQueue:
         flush_timeout_s: float = 10.0,
         retry_after_s: int = 5,
         round_weight: int = 50_000,
+        rounds_in_flight: int = 4,
     ) -> None:
         self._publisher = publisher
         self._metrics = metrics
@@ -172,6 +188,9 @@ class PublishQueue:
         self._cond = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._flush_async = publisher.flush_async if isinstance(publisher, PipelinedPublisher) else None
+        self._rounds_in_flight = rounds_in_flight if self._flush_async is not None else 1
+        self._slots = threading.Semaphore(self._rounds_in_flight)
         metrics.capacity.set(capacity)
 
     # ------------------------------------------------------------------ lifecycle
@@ -299,19 +318,38 @@ class PublishQueue:
 
     def _run(self) -> None:
         while True:
+            self._slots.acquire()  # released when the round completes; jobs gather meanwhile
             jobs = self._take_round()
-            if not jobs:
-                return  # closing and drained
-            error: BaseException | None = None
+            if not jobs:  # closing and drained: wait for the rounds still in flight
+                self._slots.release()
+                for _ in range(self._rounds_in_flight):
+                    self._slots.acquire()
+                return
             try:
                 for job in jobs:
                     for event in job.events:
                         self._publisher.publish(event)
+                if self._flush_async is not None:
+                    self._flush_async(self._completer(jobs), self._flush_timeout_s)
+                    continue
                 self._publisher.flush(self._flush_timeout_s)
             except Exception as exc:  # any publisher failure fails this round's jobs; senders retry
-                log.warning("publish round of %d jobs failed: %s", len(jobs), exc)
+                self._complete(jobs, exc)
+                continue
+            self._complete(jobs, None)
+
+    def _completer(self, jobs: list[_Job]) -> Done:
+        def acked(error: BaseException | None) -> None:
+            self._complete(jobs, error)
+
+        return acked
+
+    def _complete(self, jobs: list[_Job], error: BaseException | None) -> None:
+        """Release a round's weight, record its outcome and run its jobs' callbacks."""
+        try:
+            if error is not None:
+                log.warning("publish round of %d jobs failed: %s", len(jobs), error)
                 self._metrics.publish_errors.inc()
-                error = exc
             now = time.monotonic()
             with self._cond:
                 for job in jobs:
@@ -319,14 +357,20 @@ class PublishQueue:
                         self._dl_pending -= 1
                     self._weight -= job.weight
                 self._metrics.queued.set(self._weight)
-            for job in jobs:
-                if error is None:
+            if error is None:
+                published: dict[str, int] = {}
+                for job in jobs:
                     if not job.deadletter:
                         self._metrics.latency.observe(now - job.received_at)
                     for event in job.events:
-                        self._metrics.published.labels(event.topic).inc()
+                        published[event.topic] = published.get(event.topic, 0) + 1
+                for topic, count in published.items():
+                    self._metrics.published.labels(topic).inc(count)
+            for job in jobs:
                 if job.done is not None:
                     try:
                         job.done(error)
                     except Exception:  # a callback's bug must not stop publishing
                         log.exception("job completion callback failed")
+        finally:
+            self._slots.release()

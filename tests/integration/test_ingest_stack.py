@@ -2,7 +2,8 @@
 
 Prometheus and Alertmanager are Debian's binaries, started by infra/local/{prometheus,alertmanager}.sh
 on free loopback ports with configs written here, and stopped afterwards. The ingest app runs in this
-process (uvicorn in a thread) with the real KafkaPublisher; what it published is read back from Kafka.
+process (uvicorn in a thread) with the real Kafka publisher `medic ingest serve` uses (aiokafka); what
+it published is read back from Kafka.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import pytest
 import uvicorn
 from kafka import KafkaConsumer
 
-from services.core.bus import KafkaPublisher, ensure_topics
+from services.core.bus import ensure_topics
 from services.core.events import Anomaly, MetricBatch
 from services.core.settings import Settings
+from services.ingest.aiopublisher import AioKafkaPublisher
 from services.ingest.http import ALERTMANAGER_PATH, create_app
 from tests.conftest import REPO, poll
 
@@ -60,9 +62,9 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def _ingest(settings: Settings) -> Iterator[tuple[str, object]]:
-    """The ingest app with the real KafkaPublisher, served by uvicorn on a free loopback port."""
+    """The ingest app with the publisher `medic ingest serve` uses (aiokafka), served by uvicorn on a free port."""
     port = _free_port()
-    app = create_app(settings, KafkaPublisher(settings))
+    app = create_app(settings, AioKafkaPublisher(settings))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
