@@ -122,6 +122,11 @@ class Settings(BaseSettings):
     ingest_loki_url: str | None = Field(default=None, description="Loki base URL `medic ingest pull-loki` queries.")
     ingest_loki_query: str = Field(default='{job=~".+"}', description="LogQL stream selector pull-loki follows.")
     ingest_loki_limit: int = Field(default=1000, ge=1, description="Most entries per Loki query_range page.")
+    ingest_pull_max_catchup_s: float = Field(
+        default=21_600.0,
+        gt=0,
+        description="pull-prom/pull-loki resume from their stored cursors (state_dir) at most this far back (s).",
+    )
     ingest_k8s_api: str = Field(
         default="core",
         description="Kubernetes events API the watcher uses: 'core' (v1) or 'events' (events.k8s.io/v1).",

@@ -160,6 +160,13 @@ def _run_pull(settings: Settings, name: str, interval_s: float, once: bool, make
         delivery.queue.stop(settings.ingest_flush_timeout_s)
 
 
+def _cursor_store(settings: Settings, command: str) -> Any:
+    """The command's cursors file in the state directory: a restart resumes where the last run stopped."""
+    from services.ingest.pull import CursorStore
+
+    return CursorStore(settings.state_dir / f"ingest-{command}-cursors.json")
+
+
 _ONCE = typer.Option(help="Poll once, print how many items were published, exit.")
 
 
@@ -241,6 +248,8 @@ def pull_prom(
             lookback_s=settings.ingest_pull_interval_s,
             max_bytes=settings.ingest_max_decompressed_bytes,
             max_samples=settings.ingest_max_samples_per_batch,
+            cursors=_cursor_store(settings, "pull-prom"),
+            max_catchup_s=settings.ingest_pull_max_catchup_s,
         )
 
     _run_pull(settings, "pull-prom", settings.ingest_pull_interval_s, once, make)
@@ -277,6 +286,8 @@ def pull_loki(
             limit=settings.ingest_loki_limit,
             lookback_s=settings.ingest_pull_interval_s,
             max_bytes=settings.ingest_max_decompressed_bytes,
+            cursors=_cursor_store(settings, "pull-loki"),
+            max_catchup_s=settings.ingest_pull_max_catchup_s,
         )
 
     _run_pull(settings, "pull-loki", settings.ingest_pull_interval_s, once, make)

@@ -22,17 +22,24 @@ and a cursor moves only after that acknowledgement: delivery is at-least-once. A
 not JSON, not the documented shape, an exposition that does not parse, a body over the size limit) is
 logged with what is wrong, written to ``deadletter.v1``, and retried at the next poll; an unreachable
 server is logged. Nothing of the kind stops the loop (:func:`run_every`).
+
+With a :class:`CursorStore` (what ``medic ingest pull-prom|pull-loki`` use: a JSON file in the state
+directory) the cursors outlive the process: a restarted puller resumes where the last acknowledged
+range ended instead of ``lookback`` before now, so a restart neither repeats nor loses data. A cursor
+older than ``max_catchup_s`` is moved forward with a warning (what lies before it is skipped).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,6 +64,48 @@ LOKI_MAX_RANGE_NS = 720 * 3600 * 1_000_000_000
 _SCRAPE_ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 
 Clock = Callable[[], float]
+
+
+class CursorStore:
+    """Pull cursors in a JSON file, rewritten atomically (temporary file + rename) at every move.
+
+    ``path=None`` keeps them in memory only. A file that cannot be read starts empty (logged); one that
+    cannot be written is logged once and the puller carries on with its in-memory cursors.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._values: dict[str, Any] = {}
+        self._write_failed = False
+        if path is not None and path.exists():
+            try:
+                loaded = json.loads(path.read_text(encoding="utf-8"))
+                if not isinstance(loaded, dict):
+                    raise ValueError("not a JSON object")
+                self._values = loaded
+            except (OSError, ValueError) as exc:
+                log.warning("pull cursors in %s unreadable (%s): starting from the lookback", path, exc)
+
+    def get(self, key: str) -> Any:
+        """The stored cursor for ``key``, or None."""
+        return self._values.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        """Store ``key``'s cursor (and write the file)."""
+        self._values[key] = value
+        if self.path is None:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(self._values, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, self.path)
+            self._write_failed = False
+        except OSError as exc:
+            if not self._write_failed:
+                log.warning("cannot write pull cursors to %s (%s): a restart will start from the lookback",
+                            self.path, exc)
+            self._write_failed = True
 Series = tuple[dict[str, str], list[tuple[float, float]]]
 
 
@@ -405,6 +454,8 @@ class PrometheusPuller:
         max_samples: most samples per MetricBatch.
         max_points: most evaluation times per request.
         clock: wall clock (seconds).
+        cursors: where cursors are kept across restarts (default: memory only).
+        max_catchup_s: a stored cursor older than this is moved forward to it (with a warning).
     """
 
     receiver = "query_range"
@@ -423,8 +474,12 @@ class PrometheusPuller:
         max_samples: int = 1000,
         max_points: int = MAX_POINTS_PER_REQUEST,
         clock: Clock = time.time,
+        cursors: CursorStore | None = None,
+        max_catchup_s: float = 6 * 3600.0,
     ) -> None:
         self.url = base_url.rstrip("/") + QUERY_RANGE_PATH
+        self._store = cursors or CursorStore(None)
+        self._max_catchup_ms = round(max_catchup_s * 1000)
         self.queries = dict(queries)
         self._delivery = delivery
         self.step_ms = max(1, round(step_s * 1000))
@@ -449,8 +504,8 @@ class PrometheusPuller:
         """
         now_ms = int(self._clock() * 1000)
         end = now_ms - now_ms % self.step_ms
-        if name not in self.cursors:  # first poll: as if everything up to lookback before now had been pulled
-            self.cursors[name] = end - self._lookback_ms // self.step_ms * self.step_ms - self.step_ms
+        if name not in self.cursors:
+            self.cursors[name] = self._first_cursor(name, end)
         start = self.cursors[name] + self.step_ms
         total = 0
         while start <= end:
@@ -460,9 +515,26 @@ class PrometheusPuller:
                 break
             total += published
             self.cursors[name] = chunk_end
+            self._store.put(self._key(name), chunk_end)
             start = chunk_end + self.step_ms
         self._delivery.metrics.lag.labels(f"prometheus:{name}").set(max(0.0, (now_ms - self.cursors[name]) / 1000))
         return total
+
+    def _key(self, name: str) -> str:
+        # a changed query, step or server starts afresh rather than resume someone else's cursor
+        return f"prometheus {self.url} {name} step={self.step_ms}ms {self.queries[name]}"
+
+    def _first_cursor(self, name: str, end: int) -> int:
+        """The stored cursor (bounded by ``max_catchup_s``), else as if everything up to lookback was pulled."""
+        stored = self._store.get(self._key(name))
+        oldest = end - self._max_catchup_ms // self.step_ms * self.step_ms - self.step_ms
+        if isinstance(stored, int):
+            if stored >= oldest:
+                return stored
+            log.warning("query_range %s: stored cursor %s is older than the catch-up limit; skipping to %s",
+                        name, _ms_text(stored), _ms_text(oldest))
+            return oldest
+        return end - self._lookback_ms // self.step_ms * self.step_ms - self.step_ms
 
     def _pull_range(self, name: str, start_ms: int, end_ms: int) -> int | None:
         """Fetch and publish one range; None when it failed (logged, maybe dead-lettered)."""
@@ -592,6 +664,8 @@ class LokiPuller:
         max_bytes: largest answer read.
         tenant: ``X-Scope-OrgID`` for a multi-tenant Loki; empty: none sent.
         clock: wall clock (seconds).
+        cursors: where the cursor is kept across restarts (default: memory only).
+        max_catchup_s: a stored cursor older than this is moved forward to it (with a warning).
     """
 
     receiver = "loki_pull"
@@ -609,8 +683,13 @@ class LokiPuller:
         max_bytes: int = 64 * 1024 * 1024,
         tenant: str = "",
         clock: Clock = time.time,
+        cursors: CursorStore | None = None,
+        max_catchup_s: float = 6 * 3600.0,
     ) -> None:
         self.url = base_url.rstrip("/") + LOKI_QUERY_RANGE_PATH
+        self._store = cursors or CursorStore(None)
+        self._store_key = f"loki {self.url} {tenant} {query}"
+        self._max_catchup_ns = int(max_catchup_s * 1e9)
         self.query = query
         self._delivery = delivery
         self.limit = max(1, limit)
@@ -631,7 +710,8 @@ class LokiPuller:
         """
         end_ns = int(self._clock() * 1e9)
         if self.cursor_ns is None:
-            self.cursor_ns = end_ns - self._lookback_ns
+            self._first_cursor(end_ns)
+            assert self.cursor_ns is not None
         if self.cursor_ns < end_ns - LOKI_MAX_RANGE_NS:  # everything before was read; keep the range legal
             self.cursor_ns, self.seen_at_cursor = end_ns - LOKI_MAX_RANGE_NS, set()
         total = 0
@@ -668,7 +748,22 @@ class LokiPuller:
                 )
                 self.cursor_ns, self.seen_at_cursor = self.cursor_ns + 1, set()
         self._delivery.metrics.lag.labels("loki").set(max(0.0, (end_ns - self.cursor_ns) / 1e9))
+        self._store.put(self._store_key, {"ns": self.cursor_ns, "seen": sorted(self.seen_at_cursor)})
         return total
+
+    def _first_cursor(self, end_ns: int) -> None:
+        """The stored cursor (bounded by ``max_catchup_s``), else ``lookback`` before now."""
+        stored = self._store.get(self._store_key)
+        oldest = end_ns - self._max_catchup_ns
+        if isinstance(stored, dict) and isinstance(stored.get("ns"), int):
+            if stored["ns"] >= oldest:
+                self.cursor_ns, self.seen_at_cursor = stored["ns"], set(stored.get("seen") or ())
+                return
+            log.warning("Loki query_range: stored cursor is older than the catch-up limit; entries before %d ns "
+                        "are skipped", oldest)
+            self.cursor_ns, self.seen_at_cursor = oldest, set()
+            return
+        self.cursor_ns, self.seen_at_cursor = end_ns - self._lookback_ns, set()
 
     def _advance(self, delivered: Sequence[LokiEntry]) -> None:
         if not delivered:
@@ -679,6 +774,7 @@ class LokiPuller:
             self.seen_at_cursor |= at_newest
         else:
             self.cursor_ns, self.seen_at_cursor = newest, at_newest
+        self._store.put(self._store_key, {"ns": self.cursor_ns, "seen": sorted(self.seen_at_cursor)})
 
     def _page(self, start_ns: int, end_ns: int) -> list[LokiEntry] | None:
         """One request ``[start_ns, end_ns)``; None when it failed (logged, maybe dead-lettered)."""
