@@ -400,23 +400,34 @@ class Cluster:
                 # The scheduler retries unschedulable pods on a backoff; every 10 s is close enough.
                 if not self._schedule(pod, t, False) and int(t) % 60 == 0:
                     self.emitter.kube_failed_scheduling(pod, t, self._unschedulable_reason(pod))
+        # One pass groups the pods; reconciling a deployment only touches that deployment's pods.
+        by_deployment = self.pods_by_deployment()
         for dep in self.deployments.values():
-            self._reconcile(dep, t)
+            self._reconcile(dep, t, by_deployment[dep.name])
 
-    def _reconcile(self, dep: Deployment, t: float) -> None:
-        """ReplicaSet + rolling update controller (maxSurge 0, maxUnavailable 1)."""
-        pods = self.pods_of(dep.name)
+    def pods_by_deployment(self) -> dict[str, list[Pod]]:
+        """Every deployment's pods, in slot order (``pods_of`` for all deployments in one pass)."""
+        out: dict[str, list[Pod]] = {name: [] for name in self.deployments}
+        for slot in sorted(self.pods):
+            pod = self.pods[slot]
+            out.setdefault(pod.deployment, []).append(pod)
+        return out
+
+    def _reconcile(self, dep: Deployment, t: float, pods: list[Pod]) -> None:
+        """ReplicaSet + rolling update controller (maxSurge 0, maxUnavailable 1); ``pods`` = ``pods_of(dep)``."""
         if len(pods) < dep.replicas:
             for _ in range(dep.replicas - len(pods)):
                 self._new_pod(dep, t)
+            pods = self.pods_of(dep.name)
         elif len(pods) > dep.replicas:
             # Scale down removes the least useful pods first: pending, then crashed, then newest.
             order = {"Pending": 0, "Crashed": 1, "Loading": 2, "Running": 3}
             victims = sorted(pods, key=lambda p: (order.get(p.phase, 4), -p.slot))[: len(pods) - dep.replicas]
             for p in victims:
                 self.delete(p, t, replace=False)
-        stale = [p for p in self.pods_of(dep.name) if p.revision != dep.revision]
-        if stale and not any(p.phase == "Loading" for p in self.pods_of(dep.name)):
+            pods = self.pods_of(dep.name)
+        stale = [p for p in pods if p.revision != dep.revision]
+        if stale and not any(p.phase == "Loading" for p in pods):
             self.delete(stale[0], t)
 
     def rollout(self, dep: Deployment, variant: Variant | None, max_num_seqs: int | None, t: float) -> None:

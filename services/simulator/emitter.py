@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from services.core.events import Event, KubeEvent, LogRecord, ObjectRef
+from services.simulator.trusted import log_record
 
 if TYPE_CHECKING:
     from services.simulator.cluster import Cluster, Deployment, Node, Pod
@@ -73,7 +74,8 @@ class Emitter:
         """One container log line of a vLLM pod."""
         node = cluster.nodes[pod.node].name if pod.node >= 0 else ""
         stream = {"namespace": "llm-serving", "pod": pod.name, "container": "vllm", "app": pod.deployment, "node": node}
-        self.buffer.append(LogRecord(stream=stream, line=line, ts=self.epoch + t, entity=pod.name))
+        # the hot path (a stats line per pod per scrape): built without re-validating its own values
+        self.buffer.append(log_record(stream, line, float(self.epoch + t), pod.name))
 
     def kernel_log(self, node: Node, t: float, line: str, entity: str = "") -> None:
         """One kernel (dmesg / journald) line of a node."""

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from services.core.errors import ConfigError
-from services.core.events import LogRecord, MetricBatch
+from services.core.events import LogRecord, MetricBatch, Sample
 from services.core.paths import shared_data_dir
-from services.simulator import runner
+from services.simulator import runner, trusted
 from services.simulator.envs import ClusterAction, ClusterEnv, ClusterOpenEnv, create_openenv_app
 from services.simulator.grader import StepRecord, replay
 from services.simulator.http import create_http_app
@@ -77,6 +79,51 @@ def test_telemetry_names_and_labels() -> None:
     assert values == sorted(values)  # cumulative
     assert any(isinstance(e, LogRecord) and "Avg prompt throughput" in e.line for e in sink.events)
     assert len({b.samples[0].ts for b in batches}) == 3  # t = 0, 15, 30
+
+
+def test_fast_constructors_match_pydantic_construction() -> None:
+    labels = {"pod": "llama-0", "le": "+Inf"}
+    s = trusted.sample("vllm:x_bucket", labels, 3.0, 1.5)
+    ref = Sample(name="vllm:x_bucket", labels=labels, value=3.0, ts=1.5)
+    assert s == ref and s.model_fields_set == ref.model_fields_set
+    b = trusted.metric_batch("llama-0", "simulator", (s,))
+    ref_b = MetricBatch(entity="llama-0", source="simulator", samples=(ref,))
+    assert b == ref_b and b.to_bytes() == ref_b.to_bytes() and b.model_fields_set == ref_b.model_fields_set
+    r = trusted.log_record({"pod": "llama-0"}, "INFO up", 2.0, "llama-0")
+    ref_r = LogRecord(stream={"pod": "llama-0"}, line="INFO up", ts=2.0, entity="llama-0")
+    assert r == ref_r and r.to_bytes() == ref_r.to_bytes() and r.model_fields_set == ref_r.model_fields_set
+    with pytest.raises(ValidationError):  # frozen like a validated model
+        b.entity = "other"
+
+
+def test_simulated_telemetry_survives_revalidation_byte_for_byte() -> None:
+    # A fault run covers GPU, pod, router batches, an off-bus GPU, logs and Kubernetes events.
+    sink = MemorySink()
+    Simulator(load_scenario("xid79"), seed=0, sinks=[sink]).run(330)  # the GPU falls off the bus at 300 s
+    kinds = {type(e).__name__ for e in sink.events}
+    assert kinds == {"MetricBatch", "LogRecord", "KubeEvent"}
+    assert any(isinstance(e, MetricBatch) and len(e.samples) == 1 for e in sink.events)  # GPU off the bus
+    for e in sink.events:
+        twin = type(e).from_bytes(e.to_bytes())
+        assert twin == e and twin.to_bytes() == e.to_bytes()
+        if isinstance(e, MetricBatch):
+            # pydantic turns ints and numpy scalars into float; so must the fast path
+            assert all(type(x.value) is float and type(x.ts) is float for x in e.samples), e.entity
+
+
+def test_gc_paused_restores_the_collector_state() -> None:
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), trusted.gc_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with trusted.gc_paused():
+            pass
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
 
 
 def test_variant_specs() -> None:
@@ -179,7 +226,7 @@ def test_gymnasium_env() -> None:
     assert env.observation_space.contains(obs)
     total, done, steps = 0.0, False, 0
     while not done:
-        obs, r, done, _, _ = env.step(env.action_space.sample())
+        obs, r, done, _, _ = env.step(int(env.action_space.sample()))
         total += r
         steps += 1
     assert steps == 8 and 0 < total <= 8
