@@ -7,6 +7,7 @@ is given, so the output is a pure function of the seed and the scenario.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -58,10 +59,14 @@ class Emitter:
         self.rng = rng
         self.epoch = epoch  # UNIX time of simulated second 0; callers pass simulated seconds
         self.buffer: list[Event] = []
+        self._vt_last: tuple[float, str] = (math.nan, "")
 
     def vt(self, t: float) -> str:
-        """vLLM log timestamp of simulated second ``t``."""
-        return vllm_time(self.epoch + t)
+        """vLLM log timestamp of simulated second ``t`` (the last one is kept: a scrape logs every pod at once)."""
+        ts = self.epoch + t
+        if self._vt_last[0] != ts:
+            self._vt_last = (ts, vllm_time(ts))
+        return self._vt_last[1]
 
     def drain(self) -> list[Event]:
         """Return and clear the buffered events."""

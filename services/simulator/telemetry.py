@@ -14,7 +14,7 @@ from services.core.events import MetricBatch, Sample
 from services.simulator.cluster import NAMESPACE, Cluster
 from services.simulator.emitter import Emitter
 from services.simulator.serving import Serving
-from services.simulator.trusted import gc_paused, metric_batch, sample
+from services.simulator.trusted import entity_samples, gc_paused, metric_batch, sample, series_samples
 
 SOURCE = "simulator"
 DRIVER_VERSION = "550.90.07"
@@ -112,7 +112,7 @@ class Telemetry:
             if off_bus[i]:
                 samples: tuple[Sample, ...] = (sample(_XID_METRIC, labels, row[_XID_COLUMN], ts),)
             else:
-                samples = tuple([sample(n, labels, v, ts) for n, v in zip(names, row, strict=True)])
+                samples = tuple(entity_samples(names, labels, row, ts))
             out.append(metric_batch(c.gpu_uuids[i], SOURCE, samples))
         return out
 
@@ -144,31 +144,34 @@ class Telemetry:
         ts = float(self.epoch + t)
         # Round whole float64 arrays once and convert with .tolist(): per-sample numpy scalar
         # rounding dominated scrape time, and samples must carry Python floats.
+        # Only the pods that answer: a scrape's values of the Running slots, in slot order.
+        running = [slot for slot in sorted(c.pods) if c.pods[slot].phase == "Running"]
+        if not running:
+            return []
+        idx = np.array(running, dtype=np.int64)
         gauges = np.round(
             np.stack(
                 [s.run_n, s.wait_n, s.preemptions, s.prompt_tokens, s.gen_tokens, s.ok_stop, s.ok_length, s.aborted]
-            ).astype(np.float64)
+            )[:, idx].astype(np.float64)
         ).T.tolist()
-        kv_all = np.round(s.kv_usage.astype(np.float64), 4).tolist()
+        kv_all = np.round(s.kv_usage[idx].astype(np.float64), 4).tolist()
         hists = {
             key: (
-                np.round(b.astype(np.float64)).tolist(),
-                np.round(hs.astype(np.float64), 4).tolist(),
-                np.round(hc.astype(np.float64)).tolist(),
+                np.round(b[idx].astype(np.float64)).tolist(),
+                np.round(hs[idx].astype(np.float64), 4).tolist(),
+                np.round(hc[idx].astype(np.float64)).tolist(),
             )
             for key, (_bounds, b, hs, hc) in s.hist.items()
         }
         out: list[MetricBatch] = []
-        for slot in sorted(c.pods):
+        for row, slot in enumerate(running):
             pod = c.pods[slot]
-            if pod.phase != "Running":
-                continue
             base, reasons, les = self._labels_for_pod(slot)
-            run, wait, pre, prompt, gen, stop, length, abort = gauges[slot]
+            run, wait, pre, prompt, gen, stop, length, abort = gauges[row]
             samples = [
                 sample("vllm:num_requests_running", base, run, ts),
                 sample("vllm:num_requests_waiting", base, wait, ts),
-                sample("vllm:kv_cache_usage_perc", base, kv_all[slot], ts),
+                sample("vllm:kv_cache_usage_perc", base, kv_all[row], ts),
                 sample("vllm:num_preemptions_total", base, pre, ts),
                 sample("vllm:prompt_tokens_total", base, prompt, ts),
                 sample("vllm:generation_tokens_total", base, gen, ts),
@@ -178,12 +181,9 @@ class Telemetry:
             ]
             for key, metric in _VLLM_HISTOGRAMS:
                 buckets, hsum, hcount = hists[key]
-                total = hcount[slot]
-                name = f"{metric}_bucket"
-                samples.extend(
-                    [sample(name, labels, v, ts) for labels, v in zip(les[key], [*buckets[slot], total], strict=True)]
-                )
-                samples.append(sample(f"{metric}_sum", base, hsum[slot], ts))
+                total = hcount[row]
+                samples.extend(series_samples(f"{metric}_bucket", les[key], [*buckets[row], total], ts))
+                samples.append(sample(f"{metric}_sum", base, hsum[row], ts))
                 samples.append(sample(f"{metric}_count", base, total, ts))
             out.append(metric_batch(pod.name, SOURCE, tuple(samples)))
         return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from services.core.errors import ConfigError
 from services.core.paths import shared_data_dir
 from services.simulator.serving import CLASS_BOUNDS, ClassArrivals
 
+# Up to this many requests in a step are grouped by class in plain Python (numpy's per-call cost
+# dominates for a handful); more go through searchsorted/bincount. Both give the same bits.
+_FEW_REQUESTS = 64
 TRACE_DIR = Path("llm_traces") / "azure_llm_inference_2023"
 TRACE_FILES = {"code": "AzureLLMInferenceTrace_code.csv", "conv": "AzureLLMInferenceTrace_conv.csv"}
 
@@ -75,6 +79,7 @@ class Traffic:
         self._surges: list[tuple[float, float, float]] = []
         self._extras: list[_Extra] = []
         self._bounds = np.array(CLASS_BOUNDS, dtype=float)
+        self._bound_list = self._bounds.tolist()
 
     def add_surge(self, start: float, end: float, factor: float) -> None:
         """Multiply the request rate by ``factor`` between ``start`` and ``end``."""
@@ -111,12 +116,37 @@ class Traffic:
         if prompt.size == 0:
             z = np.zeros(n_cls)
             return ClassArrivals(z, z.copy(), z.copy())
+        if prompt.size <= _FEW_REQUESTS:
+            return self._aggregate_few(prompt.tolist(), output.tolist())
         cls = np.searchsorted(self._bounds, prompt + output, side="left")
         counts = np.bincount(cls, minlength=n_cls + 1).astype(float)
         psum = np.bincount(cls, weights=prompt, minlength=n_cls + 1)
         osum = np.bincount(cls, weights=output, minlength=n_cls + 1)
         safe = np.maximum(counts[:n_cls], 1.0)
         return ClassArrivals(counts[:n_cls], psum[:n_cls] / safe, osum[:n_cls] / safe, int(counts[n_cls]))
+
+    def _aggregate_few(self, prompt: list[float], output: list[float]) -> ClassArrivals:
+        """``arrivals``' per-class aggregation for a few requests, in Python floats.
+
+        Gives the same bits as the numpy version: ``searchsorted(side="left")`` is ``bisect_left``,
+        and ``bincount`` with weights adds each request to its class's sum in request order.
+        """
+        n_cls = len(CLASS_BOUNDS)
+        counts = [0] * (n_cls + 1)
+        psum = [0.0] * (n_cls + 1)
+        osum = [0.0] * (n_cls + 1)
+        for p, o in zip(prompt, output, strict=True):
+            c = bisect_left(self._bound_list, p + o)
+            counts[c] += 1
+            psum[c] += p
+            osum[c] += o
+        safe = [float(k) if k >= 1 else 1.0 for k in counts[:n_cls]]
+        return ClassArrivals(
+            np.array(counts[:n_cls], dtype=float),
+            np.array([x / d for x, d in zip(psum, safe, strict=False)]),
+            np.array([x / d for x, d in zip(osum, safe, strict=False)]),
+            counts[n_cls],
+        )
 
 
 class TraceTraffic(Traffic):
@@ -219,8 +249,8 @@ class SyntheticTraffic(Traffic):
             self._burst_k = 1.0 + float(self.rng.exponential(self.burst_factor - 1.0))
         lam = self.rate(t) * self.surge_factor(t) * (self._burst_k if t < self._burst_until else 1.0)
         n = int(self.rng.poisson(lam * dt))
-        prompt = np.minimum(np.round(self.rng.lognormal(self.prompt_mu, 1.0, n)) + 1.0, 120000.0)
-        output = np.minimum(np.round(self.rng.lognormal(self.output_mu, 0.8, n)) + 1.0, 4096.0)
+        prompt = np.minimum(self.rng.lognormal(self.prompt_mu, 1.0, n).round() + 1.0, 120000.0)
+        output = np.minimum(self.rng.lognormal(self.output_mu, 0.8, n).round() + 1.0, 4096.0)
         return prompt, output
 
     def forecast_rate(self, t: float) -> float:

@@ -25,7 +25,7 @@ there.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from pydantic import BaseModel
@@ -52,36 +52,67 @@ _SAMPLE_SET = set(_EXPECTED[Sample])
 _BATCH_VERSION = MetricBatch.model_fields["schema_version"].default
 _LOG_VERSION = LogRecord.model_fields["schema_version"].default
 _new = object.__new__
-_set = object.__setattr__
+# The setters of BaseModel's instance dict and slots, called directly: a scrape builds hundreds of
+# samples per simulated GPU node, and ``object.__setattr__`` first looks each name up along the MRO.
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def sample(name: str, labels: dict[str, str], value: float, ts: float) -> Sample:
     """A :class:`Sample` equal to ``Sample.model_validate`` of the same values (see the module contract)."""
     s = _new(Sample)
-    _set(s, "__dict__", {"name": name, "labels": labels, "value": value, "ts": ts})
-    _set(s, "__pydantic_fields_set__", _SAMPLE_SET)
-    _set(s, "__pydantic_extra__", None)
-    _set(s, "__pydantic_private__", None)
+    _set_dict(s, {"name": name, "labels": labels, "value": value, "ts": ts})
+    _set_fields_set(s, _SAMPLE_SET)
+    _set_extra(s, None)
+    _set_private(s, None)
     return s
+
+
+def entity_samples(names: Iterable[str], labels: dict[str, str], values: Iterable[float], ts: float) -> list[Sample]:
+    """``[sample(n, labels, v, ts) for n, v in zip(names, values)]`` without a call per sample."""
+    out = []
+    for name, value in zip(names, values, strict=True):
+        s = _new(Sample)
+        _set_dict(s, {"name": name, "labels": labels, "value": value, "ts": ts})
+        _set_fields_set(s, _SAMPLE_SET)
+        _set_extra(s, None)
+        _set_private(s, None)
+        out.append(s)
+    return out
+
+
+def series_samples(name: str, labels: Iterable[dict[str, str]], values: Iterable[float], ts: float) -> list[Sample]:
+    """``[sample(name, l, v, ts) for l, v in zip(labels, values)]`` without a call per sample."""
+    out = []
+    for series, value in zip(labels, values, strict=True):
+        s = _new(Sample)
+        _set_dict(s, {"name": name, "labels": series, "value": value, "ts": ts})
+        _set_fields_set(s, _SAMPLE_SET)
+        _set_extra(s, None)
+        _set_private(s, None)
+        out.append(s)
+    return out
 
 
 def metric_batch(entity: str, source: str, samples: tuple[Sample, ...]) -> MetricBatch:
     """A :class:`MetricBatch` equal to ``MetricBatch.model_validate({"entity", "source", "samples"})``."""
     b = _new(MetricBatch)
-    _set(b, "__dict__", {"schema_version": _BATCH_VERSION, "entity": entity, "source": source, "samples": samples})
-    _set(b, "__pydantic_fields_set__", {"entity", "source", "samples"})
-    _set(b, "__pydantic_extra__", None)
-    _set(b, "__pydantic_private__", None)
+    _set_dict(b, {"schema_version": _BATCH_VERSION, "entity": entity, "source": source, "samples": samples})
+    _set_fields_set(b, {"entity", "source", "samples"})
+    _set_extra(b, None)
+    _set_private(b, None)
     return b
 
 
 def log_record(stream: dict[str, str], line: str, ts: float, entity: str) -> LogRecord:
     """A :class:`LogRecord` equal to ``LogRecord(stream=..., line=..., ts=..., entity=...)``."""
     r = _new(LogRecord)
-    _set(r, "__dict__", {"schema_version": _LOG_VERSION, "stream": stream, "line": line, "ts": ts, "entity": entity})
-    _set(r, "__pydantic_fields_set__", {"stream", "line", "ts", "entity"})
-    _set(r, "__pydantic_extra__", None)
-    _set(r, "__pydantic_private__", None)
+    _set_dict(r, {"schema_version": _LOG_VERSION, "stream": stream, "line": line, "ts": ts, "entity": entity})
+    _set_fields_set(r, {"stream", "line", "ts", "entity"})
+    _set_extra(r, None)
+    _set_private(r, None)
     return r
 
 

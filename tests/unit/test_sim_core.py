@@ -15,11 +15,14 @@ from services.core.errors import ConfigError
 from services.core.events import LogRecord, MetricBatch, Sample
 from services.core.paths import shared_data_dir
 from services.simulator import runner, trusted
+from services.simulator import serving as serving_mod
+from services.simulator import traffic as traffic_mod
 from services.simulator.envs import ClusterAction, ClusterEnv, ClusterOpenEnv, create_openenv_app
 from services.simulator.grader import StepRecord, replay
 from services.simulator.http import create_http_app
 from services.simulator.policies import make_policy
 from services.simulator.scenario import Scenario, load_scenario
+from services.simulator.serving import Serving
 from services.simulator.simulator import Simulator
 from services.simulator.sinks import HashSink, LokiSink, MemorySink, PrometheusSink, render_exposition
 from services.simulator.specs import GPU_SPECS, parse_variant
@@ -124,6 +127,100 @@ def test_gc_paused_restores_the_collector_state() -> None:
         assert not gc.isenabled()  # a caller that had it off keeps it off
     finally:
         gc.enable()
+
+
+def test_run_pauses_the_collector_per_step_and_restores_it() -> None:
+    seen: list[bool] = []
+    sim = Simulator(Scenario(), seed=0, sinks=[HashSink()])
+    sim.run(3, on_step=lambda _sim, _events: seen.append(gc.isenabled()))
+    assert seen == [False, False, False] and gc.isenabled()
+
+    def fail(_sim: Simulator, _events: object) -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        sim.run(10, on_step=fail)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        sim.run(12)
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
+
+
+def test_entity_and_series_samples_match_single_samples() -> None:
+    labels = [{"pod": "p", "le": "1.0"}, {"pod": "p", "le": "+Inf"}]
+    assert trusted.series_samples("x_bucket", labels, [1.0, 2.0], 5.0) == [
+        Sample(name="x_bucket", labels=labels[0], value=1.0, ts=5.0),
+        Sample(name="x_bucket", labels=labels[1], value=2.0, ts=5.0),
+    ]
+    assert trusted.entity_samples(["a", "b"], labels[0], [3.0, 4.0], 5.0) == [
+        Sample(name="a", labels=labels[0], value=3.0, ts=5.0),
+        Sample(name="b", labels=labels[0], value=4.0, ts=5.0),
+    ]
+    with pytest.raises(ValueError):  # a missing value is an error, not a shorter batch
+        trusted.entity_samples(["a", "b"], labels[0], [3.0], 5.0)
+
+
+def test_pairwise_sum_is_numpys_sum_bit_for_bit() -> None:
+    rng = np.random.default_rng(7)
+    for n in [*range(1, 40), 94, 127, 128, 129, 200, 300, 1064]:
+        for _ in range(20):
+            # wide magnitudes make the order of additions visible in the last bits; many zeros, as in
+            # the slot arrays, exercise the sparse form
+            x = rng.lognormal(0.0, 8.0, n) * (rng.random(n) < 0.4)
+            ref = float(np.sum(x))
+            assert serving_mod.pairwise_sum(x.tolist()) == ref, n
+            items = [(i, v) for i, v in enumerate(x.tolist()) if v != 0.0]
+            assert serving_mod._sparse_pairwise_sum(items, 0, n) == ref, n
+    x = rng.lognormal(0.0, 8.0, 64)
+    assert serving_mod.pairwise_sum(x.tolist()) != sum(x.tolist())  # the check above can fail
+
+
+@pytest.mark.parametrize(("scenario", "seed", "policy"), [("random", 11, "autoscaler"), ("engine_dead", 2, None)])
+def test_small_cluster_step_equals_the_vectorised_step(
+    monkeypatch: pytest.MonkeyPatch, scenario: str, seed: int, policy: str | None
+) -> None:
+    """The per-slot Python step and the numpy step give the same telemetry bytes and grade."""
+
+    def run(few_max_pods: int) -> tuple[str, str, int]:
+        monkeypatch.setattr(Serving, "few_max_pods", few_max_pods)
+        sink = HashSink()
+        sim = Simulator(load_scenario(scenario), seed=seed, sinks=[sink])
+        grade = sim.run(900, policy=make_policy(policy) if policy else None)
+        return sink.hexdigest(), grade.to_json(), len(sim.cluster.pods)
+
+    few = run(10_000)
+    full = run(0)
+    assert few[2] > 0 and few == full
+
+
+def test_serving_arrays_are_rows_of_one_block() -> None:
+    s = Simulator(Scenario(), seed=0).serving
+    names = serving_mod._STEP_ROWS + serving_mod._INPUT_ROWS
+    assert len(names) == len(set(names)) == s._rows.shape[0]
+    for i, name in enumerate(names):
+        row = getattr(s, name)
+        assert row.base is s._rows and np.shares_memory(row, s._rows[i]), name
+        assert not any(np.shares_memory(row, s._rows[j]) for j in range(len(names)) if j != i), name
+    assert names[serving_mod._ARR_ROW : serving_mod._ARR_ROW + 3] == ("arr_n", "arr_p", "arr_o")  # route's block
+
+
+def test_few_request_aggregation_equals_bincount(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    t = traffic_mod.SyntheticTraffic(np.random.default_rng(0))
+    for n in (1, 2, 5, 17, 64):
+        prompt = np.round(rng.lognormal(8.0, 1.5, n)) + 1.0  # some beyond every class (oversize)
+        output = np.round(rng.lognormal(5.0, 1.0, n)) + 1.0
+        few = t._aggregate_few(prompt.tolist(), output.tolist())
+        monkeypatch.setattr(t, "requests", lambda _t, _dt, p=prompt, o=output: (p, o))
+        monkeypatch.setattr(traffic_mod, "_FEW_REQUESTS", 0)
+        full = t.arrivals(0.0, 1.0)
+        monkeypatch.setattr(traffic_mod, "_FEW_REQUESTS", 64)
+        assert few.oversize == full.oversize
+        for a, b in ((few.n, full.n), (few.prompt, full.prompt), (few.output, full.output)):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), n
 
 
 def test_variant_specs() -> None:
