@@ -115,7 +115,7 @@ def diagnose_cmd(
 
 @app.command("eval")
 def eval_cmd(
-    seeds: Annotated[str, typer.Option(help="Seed range A-B (inclusive) or one seed.")] = "1-9",
+    seeds: Annotated[str, typer.Option(help="Seed range A-B (inclusive) or one seed.")] = "1-14",
     cases: Annotated[int | None, typer.Option(help="Stop after this many faults.")] = None,
     fault_type: Annotated[list[str] | None, typer.Option(help="Only these fault types (repeatable).")] = None,
     retrieval: Annotated[bool, typer.Option(help="Use the knowledge base (needs `medic kb index`).")] = False,

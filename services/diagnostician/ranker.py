@@ -11,6 +11,8 @@ xid        2.0    XID codes vs ``signals.xid`` (decisive: an XID code names the 
 logs       0.8    log lines and templates vs ``signals.logs`` (drain templates, ``<*>`` wildcards)
 events     0.6    Kubernetes event reasons vs ``signals.events``
 metrics    0.3    metric names in alert evidence vs ``signals.metrics``
+scope      0.4    the alerts' blast radius (one pod, one deployment across nodes, several
+                  deployments on one node) is one ``signals.scope`` lists
 ========== ====== =============================================================================
 
 Within a kind the match is the cosine between the two binary vectors, each feature weighted by its
@@ -44,7 +46,7 @@ from services.diagnostician.kb import SearchHit
 from services.diagnostician.runbooks import PLAYBOOK_DEFAULT_LEVELS, Runbook, load_runbooks
 from services.diagnostician.tools import Evidence, topology_of
 
-WEIGHTS: dict[str, float] = {"anomalies": 1.0, "xid": 2.0, "logs": 0.8, "events": 0.6, "metrics": 0.3}
+WEIGHTS: dict[str, float] = {"anomalies": 1.0, "xid": 2.0, "logs": 0.8, "events": 0.6, "metrics": 0.3, "scope": 0.4}
 # Signals of the learned detectors and log novelty say "something is odd", not what: every runbook
 # could list them, so the few that do must not win on them.
 GENERIC_SIGNALS = frozenset({"metric_outlier", "sequence_anomaly", "log_new_template", "log_template_burst"})
@@ -190,7 +192,8 @@ def _coverage(matched: Iterable[Any], ev_feats: Iterable[Any], w: Any) -> float:
 
 def signal_scores(evidence: Evidence, index: RunbookIndex) -> dict[str, Scored]:
     """Score every runbook by how its front-matter signals match the evidence (no retrieval)."""
-    known = {kind: set().union(*(f[kind] for f in index.features.values())) for kind in WEIGHTS if kind != "logs"}
+    kinds = ("anomalies", "xid", "events", "metrics")
+    known = {kind: set().union(*(f[kind] for f in index.features.values())) for kind in kinds}
     ev_sets: dict[str, set[Any]] = {
         "anomalies": evidence.signals & known["anomalies"],
         "xid": evidence.xids & known["xid"],
@@ -201,6 +204,7 @@ def signal_scores(evidence: Evidence, index: RunbookIndex) -> dict[str, Scored]:
     for rb in index.runbooks:
         feats = index.features[rb.id]
         scored = Scored(cause=rb.root_cause, runbook=rb)
+        specific = False  # matched on more than the learned detectors' "something is odd"
         for kind in ("anomalies", "xid", "events", "metrics"):
             if not ev_sets[kind]:
                 continue
@@ -215,12 +219,19 @@ def signal_scores(evidence: Evidence, index: RunbookIndex) -> dict[str, Scored]:
             if value:
                 scored.parts[kind] = WEIGHTS[kind] * value
                 scored.evidence.extend(_describe(kind, sorted(matched, key=str)))
+                specific = specific or kind != "anomalies" or bool(matched - GENERIC_SIGNALS)
         if evidence.log_lines and index.patterns[rb.id]:
             hits = [p for p in index.patterns[rb.id] if any(p.matches(line) for line in evidence.log_lines)]
             if hits:
                 # share of the runbook's templates seen, softened: one distinctive line is strong evidence
                 scored.parts["logs"] = WEIGHTS["logs"] * math.sqrt(len(hits) / len(index.patterns[rb.id]))
                 scored.evidence.extend(f"log line matches '{p.template}'" for p in hits)
+                specific = True
+        scope = evidence.scope & set(rb.signals.scope)
+        if scope and specific:
+            # the blast radius tells apart causes whose own signals match; alone it proves nothing
+            scored.parts["scope"] = WEIGHTS["scope"]
+            scored.evidence.extend(f"blast radius: {s}" for s in sorted(scope))
         scored.score = sum(scored.parts.values())
         if feats["xid"] and not evidence.xids:
             scored.score *= NO_XID_FACTOR

@@ -153,6 +153,10 @@ class Signals(BaseModel):
         events: Kubernetes event reasons (``NodeNotReady``, ``FailedScheduling``...).
         xid: NVIDIA XID codes, when the failure mode is one.
         anomalies: detector signal names (see :data:`ANOMALY_SIGNALS`).
+        scope: the blast radius it shows, when that tells it apart: ``pod`` (one replica), ``deployment``
+            (the replicas of one deployment, across nodes) or ``node`` (the replicas of several deployments
+            on one node). A network fault on a node slows every model there; a bad release slows one
+            model wherever it runs.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -162,6 +166,7 @@ class Signals(BaseModel):
     events: tuple[str, ...] = ()
     xid: tuple[int, ...] = ()
     anomalies: tuple[str, ...] = ()
+    scope: tuple[Literal["pod", "deployment", "node"], ...] = ()
 
     @field_validator("metrics")
     @classmethod

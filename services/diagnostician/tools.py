@@ -58,6 +58,7 @@ FEATURE_METRICS: dict[str, tuple[str, int]] = {
     "gpu_util": ("DCGM_FI_DEV_GPU_UTIL", -1),
     "kv_cache_usage": ("vllm:kv_cache_usage_perc", +1),
     "requests_waiting": ("vllm:num_requests_waiting", +1),
+    "prompt_tokens_per_s": ("vllm:prompt_tokens_total", +1),
     "ttft_p50_s": ("vllm:time_to_first_token_seconds", +1),
     "ttft_p99_s": ("vllm:time_to_first_token_seconds", +1),
     "tpot_p50_s": ("vllm:inter_token_latency_seconds", +1),
@@ -74,6 +75,15 @@ EVIDENCE_KEY_METRICS: dict[str, str] = {
     "error_ratio": "vllm:request_success_total",
     "used_mib": "DCGM_FI_DEV_FB_USED",
 }
+# Latency findings (rules_serving's latency_regression) name which latency regressed under ``slower``.
+SLOWER_METRICS: dict[str, str] = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "tpot": "vllm:inter_token_latency_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+}
+# A latency finding also records the load it was judged against (queue, running requests) to show the
+# load does not explain it: that context is not a metric gone wrong.
+LOAD_CONTEXT_KEYS = frozenset({"waiting", "running"})
 # Detector signal names that runbooks know under another name.
 SIGNAL_ALIASES: dict[str, str] = {"vram_pressure": "vram_leak", "log_rare_template": "log_new_template"}
 
@@ -353,6 +363,8 @@ class Evidence:
         metrics: metric names seen in alert evidence.
         xids: XID codes.
         event_reasons: Kubernetes event reasons.
+        scope: the blast radius of the replicas the alerts name (see :func:`blast_radius`), empty when
+            it says nothing.
         log_lines: log templates and example lines (untrusted text).
         facts: short human-readable statements a hypothesis can cite.
         results: every tool's raw result, by tool name.
@@ -363,6 +375,7 @@ class Evidence:
     metrics: set[str] = field(default_factory=set)
     xids: set[int] = field(default_factory=set)
     event_reasons: set[str] = field(default_factory=set)
+    scope: set[str] = field(default_factory=set)
     log_lines: list[str] = field(default_factory=list)
     facts: list[str] = field(default_factory=list)
     results: dict[str, ToolResult] = field(default_factory=dict)
@@ -410,9 +423,15 @@ def condense(incident: IncidentEvent, results: Mapping[str, ToolResult]) -> Evid
                 ev.metrics.add(key)
                 if _scalar(value):
                     facts.append(f"{key}={value:g} on {alert.entity}")
+        slower = data.get("slower")
         for key, metric in EVIDENCE_KEY_METRICS.items():
-            if _scalar(data.get(key)):
+            if _scalar(data.get(key)) and not (isinstance(slower, Mapping) and key in LOAD_CONTEXT_KEYS):
                 ev.metrics.add(metric)
+        if isinstance(slower, Mapping):
+            for key in slower:
+                if key in SLOWER_METRICS:
+                    ev.metrics.add(SLOWER_METRICS[key])
+                    facts.append(f"{key} latency regressed on {alert.entity}")
         sli = data.get("sli")
         if isinstance(sli, str) and METRIC_NAME.match(sli):
             ev.metrics.add(sli)
@@ -432,7 +451,67 @@ def condense(incident: IncidentEvent, results: Mapping[str, ToolResult]) -> Evid
         for fact in facts:
             if fact not in ev.facts:
                 ev.facts.append(fact)
+    for deployment, hashes in sorted(replica_sets(incident.alerts).items()):
+        if len(hashes) >= 2:
+            # the event a Deployment records when it moves between ReplicaSets; kube_events does not
+            # alert on Normal events, the pod names still show it
+            ev.event_reasons.add("ScalingReplicaSet")
+            ev.facts.append(f"pods of {len(hashes)} ReplicaSets of {deployment}: a rollout")
+    scope = blast_radius(_firing(incident))
+    if scope:
+        ev.scope.add(scope)
+        ev.facts.append(f"blast radius: {scope}")
     return ev
+
+
+def deployment_of(pod: str) -> str:
+    """The deployment behind a pod name (``<deployment>-<pod-template-hash>-<suffix>``), or the name itself."""
+    parts = pod.rsplit("-", 2)
+    return parts[0] if len(parts) == 3 and parts[0] else pod
+
+
+def replica_sets(alerts: Iterable[AlertRef]) -> dict[str, set[str]]:
+    """Pod-template hashes seen per deployment among the alerts' pods (firing or resolved).
+
+    Two hashes for one deployment mean pods of two ReplicaSets, old and new: a rollout under way.
+    """
+    out: dict[str, set[str]] = {}
+    for alert in alerts:
+        pod = alert.labels.get("pod", "")
+        parts = pod.rsplit("-", 2)
+        if len(parts) == 3 and all(parts):
+            out.setdefault(parts[0], set()).add(parts[1])
+    return out
+
+
+def blast_radius(alerts: Iterable[AlertRef]) -> str:
+    """Which replicas the alerts touch: 'pod', 'deployment', 'node', or '' when that says nothing.
+
+    ``node``: replicas of two or more deployments, all on one node (a node-level cause: its network,
+    power, cooling). ``deployment``: replicas of one deployment on two or more nodes (a cause shared by
+    the deployment: its release, its load). ``pod``: one replica.
+
+    Only alerts on the replicas themselves count (entity = pod): a GPU's alert names the pod using the
+    GPU, and the learned detectors' alerts on idle or busy GPUs would spread any incident over its node.
+    """
+    pods: set[str] = set()
+    nodes: set[str] = set()
+    for alert in alerts:
+        pod = alert.labels.get("pod")
+        if not pod or alert.entity != pod:
+            continue
+        pods.add(pod)
+        node = topology_of(alert.labels).get("node")
+        if node:
+            nodes.add(node)
+    deployments = {deployment_of(p) for p in pods}
+    if len(deployments) >= 2 and len(nodes) == 1:
+        return "node"
+    if len(deployments) == 1 and len(nodes) >= 2:
+        return "deployment"
+    if len(pods) == 1:
+        return "pod"
+    return ""
 
 
 def _deviating_metrics(evidence: Mapping[str, Any], entity: str) -> list[tuple[str, str]]:

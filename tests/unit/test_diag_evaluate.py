@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from services.core.events import AlertRef
+from services.core.events import AlertRef, IncidentEvent
 from services.diagnostician.evaluate import (
     FAULT_CAUSES,
     FAULT_SCENARIOS,
     XID_CODES,
     CaseResult,
     alert_matches,
+    pick_incident,
     summarise,
     xid_cause,
 )
@@ -53,3 +54,59 @@ def test_summary_counts_top1_top3_and_detection() -> None:
     assert summary["faults"] == 3 and summary["incidents_diagnosed"] == 2
     assert summary["top1_accuracy"] == 0.5 and summary["top3_accuracy"] == 1.0
     assert summary["by_fault_type"]["engine_dead"]["misses"] == ["engine_dead -> nccl_timeout"]
+
+
+EPOCH = 1_000_000.0
+
+
+def _incident(iid: str, kind: str, opened_at: float, ts: float, *alerts: tuple[str, float]) -> IncidentEvent:
+    """An incident version; each alert is (entity, simulated start second)."""
+    return IncidentEvent(
+        incident_id=iid,
+        kind=kind,  # type: ignore[arg-type]
+        severity="warning",
+        title=iid,
+        opened_at=opened_at,
+        ts=ts,
+        alerts=tuple(
+            AlertRef(
+                fingerprint=f"{iid}-{i}", entity=e, signal="s", detector="d", severity="warning", starts_at=EPOCH + t
+            )
+            for i, (e, t) in enumerate(alerts)
+        ),
+    )
+
+
+def test_the_case_is_the_last_version_within_the_window_of_the_incident_the_fault_opened() -> None:
+    fault = SimpleNamespace(entity="GPU-1", entity_kind="gpu", started_at=300.0)
+    events = [
+        _incident("old", "opened", 100.0, 100.0, ("pod-a", 100.0)),
+        # the fault's alert joins the older incident too, but the incident it opened is the case
+        _incident("old", "updated", 100.0, 310.0, ("pod-a", 100.0), ("GPU-1", 310.0)),
+        _incident("new", "opened", 310.0, 310.0, ("GPU-1", 310.0)),
+        _incident("new", "updated", 310.0, 400.0, ("GPU-1", 310.0), ("node-1", 390.0)),
+        _incident("new", "updated", 310.0, 600.0, ("GPU-1", 310.0), ("node-1", 390.0), ("x", 590.0)),
+    ]
+    incident, merged = pick_incident(fault, events, EPOCH, window_s=180.0)
+    assert incident is not None and not merged
+    assert incident.incident_id == "new" and incident.ts == 400.0
+
+
+def test_a_fault_that_only_joins_an_earlier_incident_is_merged_and_alerts_before_onset_do_not_count() -> None:
+    fault = SimpleNamespace(entity="GPU-1", entity_kind="gpu", started_at=300.0)
+    before = [_incident("old", "opened", 100.0, 350.0, ("GPU-1", 100.0))]
+    assert pick_incident(fault, before, EPOCH, window_s=180.0) == (None, False)
+    joined = [*before, _incident("old", "updated", 100.0, 360.0, ("GPU-1", 100.0), ("GPU-1", 355.0))]
+    incident, merged = pick_incident(fault, joined, EPOCH, window_s=180.0)
+    assert merged and incident is not None and incident.incident_id == "old"
+
+
+def test_merged_faults_are_not_detected_and_are_summarised_apart() -> None:
+    results = [
+        CaseResult("a", 1, "ecc", ("ecc_sbe_accumulation",), "i1", ["ecc_sbe_accumulation"], 5.0),
+        CaseResult("b", 1, "ecc", ("ecc_sbe_accumulation",), "i0", ["e2e_slo_burn"], 5.0, merged=True),
+    ]
+    summary = summarise(results)
+    assert summary["incidents_diagnosed"] == 1 and summary["top1_accuracy"] == 1.0
+    assert summary["merged_into_earlier_incident"] == {"faults": 1, "top1": 0, "top3": 0}
+    assert summary["by_fault_type"]["ecc"]["merged"] == 1
