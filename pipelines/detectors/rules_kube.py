@@ -121,7 +121,8 @@ class KubeEventDetector:
         hold_s: a (signal, entity) fires at most once in this many seconds (default 300 s).
         flap_window_s: window in which readiness changes are counted (default 1800 s).
         flap_threshold: a node flaps when it changes readiness more than this often in the
-            window (default 3, so NotReady → Ready → NotReady → Ready → NotReady flaps).
+            window (default 2: NotReady → Ready → NotReady, a node that came back and was lost again,
+            flaps; one outage and its recovery, a reboot say, does not).
     """
 
     name: ClassVar[str] = DETECTOR_NAME
@@ -129,7 +130,7 @@ class KubeEventDetector:
 
     hold_s: float = 300.0
     flap_window_s: float = 1800.0
-    flap_threshold: int = 3
+    flap_threshold: int = 2
 
     def initial_state(self) -> KubeEventsState:
         """Return an empty state."""
@@ -197,7 +198,9 @@ class KubeEventDetector:
         name = event.involved_object.name
         node = state.nodes.setdefault(name, NodeStatus())
         ready = "Ready" if event.reason == "NodeReady" else "NotReady"
-        if node.ready and ready != node.ready and event.ts >= node.last_ts:
+        # a NodeNotReady event is itself a change (Kubernetes records it when a Ready node is lost);
+        # the first NodeReady seen may be a node registering, so it only sets the state
+        if ready != node.ready and event.ts >= node.last_ts and (node.ready or ready == "NotReady"):
             node.changes.append(event.ts)
         if event.ts >= node.last_ts:
             node.ready, node.last_ts = ready, event.ts

@@ -129,11 +129,20 @@ def test_node_flapping_more_than_k_changes() -> None:
     events = [node_event(r, 60.0 * k) for k, r in enumerate(reasons)]
     anomalies = detect(events, detector)
     flaps = [a for a in anomalies if a.signal == "node_flapping"]
-    # changes at t=60, 120, 180, 240 (the 4th, > 3) fires; t=300 is within the hold window
-    assert [a.ts for a in flaps] == [240.0]
+    # changes at t=0 (a Ready node lost), 60, 120, 180 (the 4th, > 3) fires; later ones are held back
+    assert [a.ts for a in flaps] == [180.0]
     assert flaps[0].evidence["readiness_changes"] == 4
     assert flaps[0].evidence["remediation"] == "drain_node"
     assert (flaps[0].entity, flaps[0].entity_kind) == ("gpu-node-4", "node")
+
+
+def test_by_default_a_node_lost_again_after_recovering_flaps_and_one_outage_does_not() -> None:
+    detector = KubeEventDetector()
+    once = [node_event("NodeReady", 0.0), node_event("NodeNotReady", 30.0), node_event("NodeReady", 90.0)]
+    assert "node_flapping" not in [a.signal for a in detect(once, detector)]
+    again = [*once, node_event("NodeNotReady", 120.0)]
+    flaps = [a for a in detect(again, detector) if a.signal == "node_flapping"]
+    assert [a.ts for a in flaps] == [120.0]
 
 
 def test_slow_readiness_changes_are_not_flapping() -> None:
@@ -144,7 +153,7 @@ def test_slow_readiness_changes_are_not_flapping() -> None:
 
 
 def test_state_survives_json() -> None:
-    detector = KubeEventDetector(hold_s=0.0, flap_window_s=600.0, flap_threshold=3)
+    detector = KubeEventDetector(hold_s=0.0, flap_window_s=600.0, flap_threshold=4)
     reasons = ["NodeNotReady", "NodeReady", "NodeNotReady", "NodeReady"]
     state, _ = detector.detect([node_event(r, 60.0 * k) for k, r in enumerate(reasons)], detector.initial_state())
     restored = KubeEventsState.from_dict(json.loads(json.dumps(state.to_dict())))
