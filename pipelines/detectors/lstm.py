@@ -2,9 +2,9 @@
 misses, such as a slow VRAM leak or an oscillating batch size.
 
 ``LSTMAD`` predicts each scrape from the previous ``window`` scrapes and scores the Mahalanobis
-distance of the prediction error. To score many entities in one model call (each call costs about the
-same whatever its size), their windows are laid end to end in one series: the score at the last row of
-each segment only looks back over that segment's own rows, so segments never mix.
+distance of the prediction error. Many entities are scored in one network call (each call costs about
+the same whatever its size): each entity's last ``window + 1`` scrapes form one segment, and only its
+last row is forecast and scored.
 """
 
 from __future__ import annotations
@@ -36,11 +36,22 @@ class TrainedLSTM:
     n_train: int
 
     def score_segments(self, segments: Sequence[Matrix]) -> np.ndarray:
-        """Score the last row of each ``window + 1``-row segment in one model call."""
-        series = np.concatenate([self.scaler.transform(seg) for seg in segments])
-        scores = np.asarray(self.model.decision_function(series), dtype=np.float64)
-        ends = np.arange(1, len(segments) + 1) * (self.window + 1) - 1
-        return np.asarray(scores[ends], dtype=np.float64)
+        """Score the last row of each ``window + 1``-row segment in one network call.
+
+        The same score ``LSTMAD.decision_function`` gives that row (the Mahalanobis distance of the
+        forecast error under the training errors' Gaussian), computed for the segments' last rows
+        only: ``decision_function`` over the segments laid end to end would run the network on every
+        window of the series, ``window + 1`` times the work for one useful score per segment.
+        """
+        import torch
+
+        scaled = np.stack([self.scaler.transform(seg) for seg in segments])  # (n, window + 1, channels)
+        net = self.model.model_
+        net.eval()
+        with torch.no_grad():
+            forecast = net(torch.tensor(scaled[:, : self.window], dtype=torch.float32)).cpu().numpy()
+        diff = scaled[:, self.window] - forecast - self.model.error_mu_
+        return np.asarray(np.sum(diff @ self.model.error_cov_inv_ * diff, axis=1), dtype=np.float64)
 
     def to_bytes(self) -> bytes:
         """Serialise for the detector_models table.

@@ -46,6 +46,14 @@ def test_segments_scored_together_equal_segments_scored_alone(model):
     assert np.allclose(together, alone)
 
 
+def test_segment_scores_are_what_lstmad_gives_the_segments_last_rows(model):
+    # the scorer forecasts only each segment's last row; pyod's decision_function forecasts every row
+    segments = [_series(9, seed=s) for s in (31, 32, 33)]
+    fast = model.score_segments(segments)
+    reference = [model.model.decision_function(model.scaler.transform(seg))[-1] for seg in segments]
+    assert np.allclose(fast, reference, rtol=1e-5, atol=1e-6)
+
+
 def test_state_round_trips_and_no_model_means_silence(model):
     state, _ = _run(LstmDetector({"gpu": model}), _series(20, seed=1))
     again = LstmState.from_dict(state.to_dict())
