@@ -2,13 +2,17 @@
 
 Three agents, one per telemetry topic:
 
-* ``detect-metrics`` reads one :class:`MetricBatch` (one scrape of one entity) at a time. Rule detectors
-  that consume metric batches run on it with the entity's state, and the entity's feature vector is
-  computed. Per-entity state (rule states and feature state) lives in the ``detect-entity-state``
-  table, which Faust co-partitions with the metrics topic and backs with a changelog, so a restarted or
-  rebalanced worker resumes where the last one stopped. Feature vectors are buffered and scored by the
-  learned detectors in micro-batches (a model call costs ~10 ms whatever its size), when the buffer is
-  full or its oldest vector has waited ``max_wait_s``.
+* ``detect-metrics`` takes micro-batches of :class:`MetricBatch` messages (each one scrape of one
+  entity; up to ``metric_batch`` messages or ``max_wait_s``) and runs them in partition order, so the
+  scrapes of one entity (one key, one partition) are seen in the order they were written. Rule
+  detectors that consume metric batches run on each with the entity's state, and the entity's feature
+  vector is computed. Per-entity state (rule states and feature state) lives in the
+  ``detect-entity-state`` table, which Faust co-partitions with the metrics topic and backs with a
+  changelog, so a restarted or rebalanced worker resumes where the last one stopped. The states to save
+  and the anomalies found are written once per micro-batch, and its offsets are committed only after
+  that (Faust acks a ``take_events`` batch when the loop body returns). Feature vectors are buffered and
+  scored by the learned detectors in micro-batches (a model call costs ~10 ms whatever its size), when
+  the buffer is full or its oldest vector has waited ``max_wait_s``.
 * ``detect-logs`` takes micro-batches of :class:`LogRecord` for the log-template detector.
 * ``detect-events`` feeds :class:`KubeEvent` to the Kubernetes event rules.
 
@@ -20,10 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from faust.types import EventT, TableT
+from pydantic import ValidationError
 
 from pipelines.app import Pipeline
 from pipelines.detectors.base import Detector
@@ -82,28 +90,38 @@ class EntityDetection:
     detectors themselves; a worker that dies loses at most ``checkpoint_every - 1`` scrapes of rule
     history per entity, which only delays, never duplicates, an anomaly.
 
+    When the caller passes the time of processing (``now``), an entity is also saved at most once every
+    ``checkpoint_min_s``: a worker catching up on a backlog sees one entity's scrapes many times a
+    second, and saving every fourth of them was half its work. Scrapes arriving at their usual interval
+    (15 s) are unaffected; a dying worker then loses at most ``checkpoint_min_s`` of catching up.
+
     Args:
         detectors: the worker's detectors.
         checkpoint_every: scrapes between saved states of one entity (1 saves every scrape).
+        checkpoint_min_s: least processing time between saved states of one entity, when ``now`` is given.
     """
 
-    def __init__(self, detectors: DetectorSet, checkpoint_every: int = 4) -> None:
+    def __init__(self, detectors: DetectorSet, checkpoint_every: int = 4, checkpoint_min_s: float = 0.0) -> None:
         self.detectors = detectors
         self.checkpoint_every = max(1, checkpoint_every)
+        self.checkpoint_min_s = checkpoint_min_s
         self.live: dict[str, tuple[dict[str, Any], FeatureState]] = {}
         self._since_checkpoint: dict[str, int] = {}
+        self._last_checkpoint: dict[str, float] = {}
 
     def forget(self) -> None:
         """Drop the in-memory states (after a rebalance the table is the truth)."""
         self.live.clear()
         self._since_checkpoint.clear()
+        self._last_checkpoint.clear()
 
     def on_batch(
-        self, batch: MetricBatch, saved: dict[str, Any] | None
+        self, batch: MetricBatch, saved: dict[str, Any] | None, now: float | None = None
     ) -> tuple[dict[str, Any] | None, FeatureVector | None, list[Anomaly]]:
         """Return the state to save (None: nothing to save this time), the feature vector and the anomalies.
 
-        ``saved`` is read only when the entity has no live state in this worker.
+        ``saved`` is read only when the entity has no live state in this worker; ``now`` (a monotonic
+        clock reading of the caller's) enables the ``checkpoint_min_s`` spacing.
         """
         entity = batch.entity
         if entity not in self.live:
@@ -116,8 +134,13 @@ class EntityDetection:
         features, vector = extract(batch, features)
         self.live[entity] = (states, features)
         count = self._since_checkpoint.get(entity, 0) + 1
-        if anomalies or count >= self.checkpoint_every:
+        due = count >= self.checkpoint_every and (
+            now is None or now - self._last_checkpoint.get(entity, -math.inf) >= self.checkpoint_min_s
+        )
+        if anomalies or due:
             self._since_checkpoint[entity] = 0
+            if now is not None:
+                self._last_checkpoint[entity] = now
             return self.snapshot(entity), vector, anomalies
         self._since_checkpoint[entity] = count
         return None, vector, anomalies
@@ -140,7 +163,12 @@ class EntityDetection:
 
 
 class FeatureScorer:
-    """Buffers feature vectors and scores them with the learned detectors in micro-batches."""
+    """Buffers feature vectors and scores them with the learned detectors in micro-batches.
+
+    :meth:`take` and :meth:`score` split :meth:`flush` so the agent can score one taken batch in a worker
+    thread (the model libraries release the GIL) while the stream goes on filling the next one. The
+    caller runs at most one :meth:`score` at a time: the detectors' states are not shared between calls.
+    """
 
     def __init__(self, detectors: Sequence[Detector], max_batch: int = 512, max_wait_s: float = 0.5) -> None:
         self.detectors = list(detectors)
@@ -160,9 +188,13 @@ class FeatureScorer:
         """Whether the buffer should be scored now."""
         return bool(self.buffer) and (len(self.buffer) >= self.max_batch or now - self._oldest >= self.max_wait_s)
 
-    def flush(self) -> list[Anomaly]:
-        """Score everything buffered: one call per detector (and entity class inside it)."""
+    def take(self) -> list[FeatureVector]:
+        """Empty the buffer and return what it held."""
         batch, self.buffer = self.buffer, []
+        return batch
+
+    def score(self, batch: Sequence[FeatureVector]) -> list[Anomaly]:
+        """Score ``batch``: one call per detector (and entity class inside it)."""
         anomalies: list[Anomaly] = []
         if not batch:
             return anomalies
@@ -170,6 +202,10 @@ class FeatureScorer:
             self.states[detector.name], found = detector.detect(batch, self.states[detector.name])
             anomalies.extend(found)
         return anomalies
+
+    def flush(self) -> list[Anomaly]:
+        """Score everything buffered, in the calling thread."""
+        return self.score(self.take())
 
 
 def register_detect(
@@ -179,13 +215,19 @@ def register_detect(
     max_batch: int = 512,
     max_wait_s: float = 0.5,
     log_batch: int = 500,
+    metric_batch: int = 1000,
+    checkpoint_min_s: float = 1.0,
     model_refresh_s: float | None = None,
     on_batch: Callable[[MetricBatch], None] | None = None,
+    on_models_swapped: Callable[[list[str]], None] | None = None,
 ) -> FeatureScorer:
     """Register the three detect agents, the entity-state table and the scoring timer on ``pipeline``.
 
-    With ``model_refresh_s`` a timer also looks for newer stored models and hot-swaps them;
-    ``on_batch`` is told of every metric batch processed (progress counters, benchmarks).
+    ``metric_batch`` bounds the metric messages handled per micro-batch (``max_wait_s`` its wait);
+    ``checkpoint_min_s`` spaces an entity's saved states when it catches up (see :class:`EntityDetection`).
+    With ``model_refresh_s`` a timer also looks for newer stored models and hot-swaps them, telling
+    ``on_models_swapped`` which detectors changed; ``on_batch`` is told of every metric batch processed
+    (progress counters, benchmarks).
     """
     app, topics = pipeline.app, pipeline.topics
     table = app.Table(
@@ -194,7 +236,7 @@ def register_detect(
         partitions=pipeline.settings.kafka_partitions,
         key_type=str,  # values use the app's default JSON serializer
     )
-    entity = EntityDetection(detectors)
+    entity = EntityDetection(detectors, checkpoint_min_s=checkpoint_min_s)
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # mode types handlers narrower than it calls them
     def forget_live_states(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
@@ -202,6 +244,7 @@ def register_detect(
         entity.forget()
 
     scorer = FeatureScorer(detectors.feature, max_batch=max_batch, max_wait_s=max_wait_s)
+    backlog = 8 * max_batch
     log_states = {d.name: d.initial_state() for d in detectors.log}
     event_states = {d.name: d.initial_state() for d in detectors.event}
 
@@ -209,36 +252,72 @@ def register_detect(
         for anomaly in anomalies:
             await topics.anomalies.send(key=anomaly.key().encode(), value=anomaly.to_bytes())
 
+    running: list[asyncio.Future[None]] = []  # the scoring call in progress, if any
+
+    async def score_taken(batch: list[FeatureVector]) -> None:
+        try:
+            found = await asyncio.to_thread(scorer.score, batch)
+        except Exception:  # a model bug must not stop the stream; the rule detectors go on
+            log.exception("learned detectors failed on %d feature vectors", len(batch))
+            return
+        await publish(found)
+
+    async def score_if_due() -> None:
+        """Start scoring the buffer in a worker thread when it is due and no other scoring call runs.
+
+        The stream is not held up by a model call (one at a time keeps the detectors' states and the
+        order of each entity's vectors); vectors queue up behind it into a larger batch. Only when the
+        stream fills the buffer to ``backlog`` faster than the models score does it wait (bounded memory).
+        """
+        while running and not running[0].done():
+            if len(scorer.buffer) < backlog:
+                return
+            await asyncio.wait([running[0]])
+        if scorer.due(time.monotonic()):
+            running[:] = [app.add_future(score_taken(scorer.take()))]
+
     @app.agent(topics.metrics, name="detect-metrics")
     async def detect_metrics(stream):  # type: ignore[no-untyped-def]
-        async for item in stream.events():
-            batch = await pipeline.decode(MetricBatch, item.value, item.key, consumer="detect-metrics")
-            if batch is None:
-                continue
+        # take_events acks (and so lets Faust commit) a micro-batch only after this loop body returns
+        async for events in stream.take_events(metric_batch, within=max_wait_s):
+            await handle_metric_events(events)
+
+    async def handle_metric_events(events: Sequence[EventT]) -> None:
+        """Run one micro-batch of metric messages, in partition order, then write states and anomalies once."""
+        anomalies: list[Anomaly] = []
+        to_save: dict[str, tuple[int, dict[str, Any]]] = {}  # entity -> (source partition, saved state)
+        now = time.monotonic()
+        for event in events:
+            batch = decode_metric_batch(event.value)
+            if batch is None:  # the slow path names the error and dead-letters what really is bad
+                batch = await pipeline.decode(MetricBatch, event.value, event.key, consumer="detect-metrics")
+                if batch is None:
+                    continue
             try:
-                saved, vector, anomalies = entity.on_batch(batch, table.get(batch.entity))
+                saved = None if batch.entity in entity.live else table.get(batch.entity)
+                state, vector, found = entity.on_batch(batch, saved, now)
             except Exception as exc:  # a detector bug must not stop the stream: keep the input, go on
                 log.exception("detectors failed on a batch for %s", batch.entity)
                 await pipeline.dead_letter(
-                    raw=item.value, key=item.key, source_topic=MetricBatch.topic, error=exc, consumer="detect-metrics"
+                    raw=event.value, key=event.key, source_topic=MetricBatch.topic, error=exc, consumer="detect-metrics"
                 )
                 continue
-            if saved is not None:
-                table[batch.entity] = saved
-            if on_batch is not None:
-                on_batch(batch)
-            await publish(anomalies)
-            now = time.monotonic()
+            if state is not None:
+                to_save[batch.entity] = (event.message.partition, state)
+            anomalies.extend(found)
             if vector is not None and vector.serving and scorer.detectors:
                 scorer.add(vector, now)
-            if scorer.due(now):
-                await publish(scorer.flush())
+            if on_batch is not None:
+                on_batch(batch)
+        for key, (partition, state) in to_save.items():
+            save_entity_state(table, partition, key, state)
+        await publish(anomalies)
+        await score_if_due()
 
     @app.timer(interval=max_wait_s)
     async def flush_idle_scores() -> None:
         # scrapes arrive in bursts; without this the tail of a burst would wait for the next one
-        if scorer.due(time.monotonic()):
-            await publish(scorer.flush())
+        await score_if_due()
 
     if model_refresh_s:
 
@@ -247,6 +326,8 @@ def register_detect(
             changed = await asyncio.to_thread(refresh_models, pipeline.settings, detectors)
             if changed:
                 log.info("hot-swapped newer models for %s", ", ".join(changed))
+                if on_models_swapped is not None:
+                    on_models_swapped(changed)
 
     @app.agent(topics.logs, name="detect-logs")
     async def detect_logs(stream):  # type: ignore[no-untyped-def]
@@ -273,15 +354,46 @@ def register_detect(
     return scorer
 
 
+def decode_metric_batch(raw: bytes | None) -> MetricBatch | None:
+    """The fast path of decoding: pydantic parses and validates the JSON bytes in one pass.
+
+    Returns None when that fails; the caller then takes :meth:`Pipeline.decode`, which gives the error its
+    project type and dead-letters the message (or accepts it, where only the fast parser was stricter).
+    """
+    if raw is None:
+        return None
+    try:
+        return MetricBatch.model_validate_json(raw)
+    except ValidationError:
+        return None
+
+
+def save_entity_state(table: TableT, partition: int, key: str, state: dict[str, Any]) -> None:
+    """Write an entity's state to the table and to the changelog partition of the message it came from.
+
+    ``table[key] = state`` would take the partition from Faust's current-event context, which a
+    ``take_events`` micro-batch does not set; the changelog partition must be the source message's so a
+    worker that takes the partition over after a rebalance recovers exactly its entities' states.
+    """
+    table.send_changelog(partition, key, state)
+    table.data[key] = state
+
+
 def build_detectors(settings: Settings, names: Sequence[str] | None = None) -> DetectorSet:
     """Instantiate the named detectors (default: every registered one), warm-starting learned models.
 
     The learned detectors get the newest stored model of each entity class; without one the isolation
-    forest uses its robust-statistics fallback and the LSTM stays silent.
+    forest uses its robust-statistics fallback and the LSTM stays silent. With the LSTM, torch is held to
+    ``settings.detect_torch_threads`` threads: its intra-op pool spins for work, and on a busy machine
+    two threads cost ten times the CPU of one for the small batches a worker scores.
     """
     from pipelines.detectors.registry import DETECTORS
 
     chosen = list(names) if names else DETECTORS.names()
+    if "lstm" in chosen and settings.detect_torch_threads > 0:
+        import torch
+
+        torch.set_num_threads(settings.detect_torch_threads)
     stored = stored_versions(settings)
     instances: list[Detector] = []
     for name in chosen:
@@ -304,16 +416,23 @@ def _load(name: str, rows: dict[str, StoredModel]) -> dict[str, Any]:
 
 
 def refresh_models(settings: Settings, detectors: DetectorSet) -> list[str]:
-    """Swap in newer stored model versions without stopping the stream; return the detectors changed."""
-    stored = stored_versions(settings)
+    """Swap in newer stored model versions without stopping the stream; return the detectors changed.
+
+    Only version numbers are read each time; model bytes are loaded only for a detector with a new one.
+    """
+    from services.store.detector_models import latest_models, latest_versions
+
     changed = []
     for detector in detectors.feature:
-        rows = stored.get(detector.name, {})
-        versions = {cls: row.version for cls, row in rows.items()}
-        if rows and versions != detectors.versions.get(detector.name):
-            detector.models = _load(detector.name, rows)  # type: ignore[attr-defined]
-            detectors.versions[detector.name] = versions
-            changed.append(detector.name)
+        if detector.name not in LEARNED:
+            continue
+        versions = latest_versions(settings, detector.name)
+        if not versions or versions == detectors.versions.get(detector.name):
+            continue
+        rows = latest_models(settings, detector.name)
+        detector.models = _load(detector.name, rows)  # type: ignore[attr-defined]
+        detectors.versions[detector.name] = {cls: row.version for cls, row in rows.items()}
+        changed.append(detector.name)
     return changed
 
 

@@ -29,7 +29,7 @@ db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 topics_app = typer.Typer(help="Kafka topics.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(topics_app, name="topics")
-detect_app = typer.Typer(help="Anomaly detectors: train, list models.", no_args_is_help=True)
+detect_app = typer.Typer(help="Anomaly detectors: train, list models, evaluate.", no_args_is_help=True)
 app.add_typer(detect_app, name="detect")
 app.add_typer(sim_cli.app, name="sim", help="The GPU inference-cluster simulator.")
 app.add_typer(ingest_cli.app, name="ingest", help="Receivers and watchers that feed the telemetry topics.")
@@ -38,7 +38,7 @@ app.add_typer(diag_cli.app, name="kb", help="Knowledge base: index, search; diag
 app.command("diagnose", help="Diagnose an incident with the offline ranker or the configured LLM.")(
     diag_cli.diagnose_cmd
 )
-eval_app = typer.Typer(help="Evaluations on seeded simulator scenarios.", no_args_is_help=True)
+eval_app = typer.Typer(help="Evaluations on seeded simulator scenarios and public data sets.", no_args_is_help=True)
 eval_app.command("diagnose", help="Top-1/top-3 root-cause accuracy and latency of the diagnostician.")(
     diag_cli.eval_cmd
 )
@@ -169,31 +169,84 @@ def pipeline(
 
 @detect_app.command("train")
 def detect_train(
-    source: Annotated[str, typer.Option(help="simulator (a fault-free run) or kafka (not yet).")] = "simulator",
+    from_kafka: Annotated[
+        bool, typer.Option("--from-kafka", help="Train on a time range of telemetry.metrics.v1, not the simulator.")
+    ] = False,
+    since: Annotated[
+        str, typer.Option(help="--from-kafka: start (record time): 6h (ago), UNIX seconds or ISO 8601 (UTC).")
+    ] = "6h",
+    until: Annotated[str, typer.Option(help="--from-kafka: end, same forms; default now.")] = "now",
     seeds: Annotated[str, typer.Option(help="Simulator seeds, e.g. 1-4 or 1,5,9 (each is another cluster).")] = "1-4",
     duration: Annotated[float, typer.Option(help="Simulated seconds of baseline.")] = 3600.0,
     scenario: Annotated[str, typer.Option(help="Fault-free scenario to run.")] = "baseline",
 ) -> None:
     """Train the isolation forest and LSTM on a normal baseline and store new model versions."""
-    from pipelines.training import simulator_baseline, train_and_store
+    import time
+
+    from pipelines.training import TimeRange, parse_instant, simulator_baseline, train_and_store, train_from_kafka
 
     settings = _settings()
-    if source != "simulator":
-        console.print("only --source simulator is implemented so far")
-        raise typer.Exit(2)
-    seed_list = parse_seeds(seeds)
-    console.print(f"[detect] simulating {duration:.0f} s of fault-free '{scenario}' for seeds {seeds}...")
-    baseline = simulator_baseline(seed_list, duration, scenario)
-    console.print(f"[detect] {baseline.scrapes} scrapes; training...")
-    report = train_and_store(
-        settings,
-        baseline,
-        source=f"simulator:{scenario}:seeds={seeds}:{duration:.0f}s",
-        contamination=settings.detect_contamination,
-    )
+    if from_kafka:
+        now = time.time()
+        try:
+            span = TimeRange(parse_instant(since, now), parse_instant(until, now))
+        except ClusterMedicError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        described = span.describe()
+        console.print(f"[detect] reading metrics written {described['since_iso']} .. {described['until_iso']}...")
+        try:
+            kafka_report = train_from_kafka(settings, span, contamination=settings.detect_contamination)
+        except ClusterMedicError as exc:
+            console.print(f"[detect] {exc}")
+            raise typer.Exit(1) from None
+        if kafka_report is None:
+            raise typer.Exit(1)
+        report = kafka_report
+    else:
+        seed_list = parse_seeds(seeds)
+        console.print(f"[detect] simulating {duration:.0f} s of fault-free '{scenario}' for seeds {seeds}...")
+        baseline = simulator_baseline(seed_list, duration, scenario)
+        console.print(f"[detect] {baseline.scrapes} scrapes; training...")
+        report = train_and_store(
+            settings,
+            baseline,
+            source=f"simulator:{scenario}:seeds={seeds}:{duration:.0f}s",
+            contamination=settings.detect_contamination,
+        )
     for key, version in sorted(report.versions.items()):
-        console.print(f"[detect] stored {key} version {version}")
+        console.print(f"[detect] stored {key} version {version} ({report.scrapes} scrapes)")
     console.print(f"[detect] trained in {report.seconds:.1f} s")
+
+
+@detect_app.command("retrain")
+def detect_retrain(
+    once: Annotated[bool, typer.Option("--once", help="Retrain once and exit instead of looping.")] = False,
+) -> None:
+    """Retrain on a schedule from recent metrics judged normal; detect workers hot-swap the new versions.
+
+    Every CLUSTERMEDIC_DETECT_RETRAIN_INTERVAL_S it reads the last ..._LOOKBACK_S of telemetry.metrics.v1,
+    leaves out the windows that overlapped anomalies or incidents, trains and stores version N+1.
+    """
+    import time
+
+    from pipelines.training import retrain_once
+
+    settings = _settings()
+    while True:
+        report = retrain_once(
+            settings,
+            lookback_s=settings.detect_retrain_lookback_s,
+            margin_s=settings.detect_retrain_margin_s,
+            window_s=settings.detect_retrain_window_s,
+            min_scrapes=settings.detect_retrain_min_scrapes,
+            contamination=settings.detect_contamination,
+        )
+        if report is not None:
+            stored = ", ".join(f"{key} v{version}" for key, version in sorted(report.versions.items()))
+            console.print(f"[detect] retrained on {report.scrapes} scrapes in {report.seconds:.1f} s: {stored}")
+        if once:
+            return
+        time.sleep(settings.detect_retrain_interval_s)  # the schedule itself, not a synchronisation
 
 
 @detect_app.command("models")
@@ -214,6 +267,84 @@ def detect_models() -> None:
             json.dumps(m.training),
         )
     Console().print(table)
+
+
+@detect_app.command("evaluate")
+def detect_evaluate(
+    seeds: Annotated[str, typer.Option(help="Simulator seeds, e.g. 1-10 or 1,5,9.")] = "1-5",
+    scenario: Annotated[str, typer.Option(help="Evaluate one shipped scenario instead of --all-faults.")] = "",
+    all_faults: Annotated[
+        bool, typer.Option("--all-faults", help="Every shipped fault scenario plus fault-free runs (the default).")
+    ] = False,
+    duration: Annotated[
+        float | None, typer.Option(help="Simulated seconds per run (default: each scenario's own).")
+    ] = None,
+    fault_free_duration: Annotated[float, typer.Option(help="Simulated seconds of each fault-free run.")] = 3600.0,
+    within: Annotated[float, typer.Option(help="A detection counts within this many seconds of onset.")] = 60.0,
+    models: Annotated[
+        str, typer.Option(help="stored: the newest stored models, as the detect role; none: no learned models.")
+    ] = "stored",
+) -> None:
+    """Detection rate, delay and right-entity rate per fault type, and false positives on fault-free runs.
+
+    Runs the detect role's own objects (pipelines.evaluate.OfflineDetect) over seeded simulator scenarios;
+    prints a table on stderr and the JSON summary on stdout.
+    """
+    from pipelines.detect import DetectorSet, build_detectors
+    from pipelines.detectors.registry import DETECTORS
+    from pipelines.evaluate import FAULT_FREE_SCENARIO, ScenarioResult, evaluate, fault_scenarios, summarise
+
+    settings = _settings()
+    if scenario and all_faults:
+        raise typer.BadParameter("give --scenario NAME or --all-faults, not both")
+    if models not in ("stored", "none"):
+        raise typer.BadParameter(f"--models must be stored or none, not {models!r}")
+    scenarios = [scenario] if scenario else [*fault_scenarios(), FAULT_FREE_SCENARIO]
+    names = [n.strip() for n in settings.detectors.split(",") if n.strip()] or DETECTORS.names()
+    if models == "stored":
+        detectors = build_detectors(settings, names)
+    else:
+        detectors = DetectorSet.of([DETECTORS.load(name)() for name in names])
+    seed_list = parse_seeds(seeds)
+    console.print(f"evaluate: {len(scenarios)} scenario(s) x {len(seed_list)} seed(s), models={models}...")
+
+    def progress(result: ScenarioResult) -> None:
+        found = ", ".join(f"{f.fault_type} {f.delay_s if f.delay_s is not None else 'missed'}" for f in result.faults)
+        console.print(f"evaluate: {result.scenario} seed {result.seed}: {found or 'fault-free'}")
+
+    results = evaluate(
+        scenarios,
+        seed_list,
+        detectors,
+        duration_s=duration,
+        fault_free_duration_s=fault_free_duration,
+        within_s=within,
+        progress=progress,
+    )
+    summary = summarise(results, within_s=within)
+    summary["models"] = models if models == "none" else detectors.versions
+    table = Table(title=f"Detection within {within:.0f} s of onset")
+    for column in ("fault type", "detected", "rate", "delay p50 s", "delay max s", "right entity", "first signals"):
+        table.add_column(column)
+    for fault_type, row in summary["fault_types"].items():
+        table.add_row(
+            fault_type,
+            f"{row['detected_within']}/{row['faults']}",
+            f"{row['detection_rate']:.2f}",
+            "" if row["delay_p50_s"] is None else f"{row['delay_p50_s']:.0f}",
+            "" if row["delay_max_s"] is None else f"{row['delay_max_s']:.0f}",
+            "" if row["right_entity_rate"] is None else f"{row['right_entity_rate']:.2f}",
+            ", ".join(row["first_signals"]),
+        )
+    console.print(table)
+    quiet = summary["fault_free"]
+    if quiet["runs"]:
+        console.print(
+            f"evaluate: fault-free: {quiet['anomalies']} anomalies in {quiet['entity_hours']} entity-hours = "
+            f"{quiet['false_positives_per_entity_hour']} per entity-hour; noisiest entity "
+            f"{quiet['max_per_entity_hour']} per hour"
+        )
+    print(json.dumps(summary, indent=2))
 
 
 @silences_app.command("add")

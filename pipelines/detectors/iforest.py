@@ -3,8 +3,9 @@
 One model per entity class (``gpu``, ``pod``) is trained on scrapes judged normal and stored in the
 ``detector_models`` table; workers warm-start from the latest version. The threshold is the
 ``1 - contamination`` quantile of the training scores. Until a model exists for a class the detector
-falls back to a rolling median/MAD z-score per entity, so a fresh installation still catches gross
-outliers.
+falls back to a robust z-score against each entity's recent median (log scale for latencies, queues and
+rates, linear for bounded gauges; see :class:`IsolationForestDetector`), so a fresh installation still
+catches gross outliers.
 
 Per-scrape verdicts become anomalies through an episode policy (pipelines.detectors.episodes): no
 verdicts during an entity's warm-up, ``persistence`` consecutive scrapes over the line to start an
@@ -14,6 +15,7 @@ episode, and ``rearm`` calm scrapes to end it.
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -25,6 +27,43 @@ from pipelines.detectors.scaling import MAD_TO_SIGMA, Matrix, RobustScaler
 from pipelines.features import FEATURES_BY_CLASS, FeatureVector
 from services.core.events import Anomaly, EntityKind
 from services.core.fingerprint import fingerprint
+
+FALLBACK_UNITS: dict[str, float] = {
+    # the size of a change too small to matter, per feature (pipelines.features names)
+    "gpu_util": 5.0,
+    "mem_used_frac": 0.02,
+    "temp_c": 2.0,
+    "power_w": 20.0,
+    "sm_clock_mhz": 50.0,
+    "kv_cache_usage": 0.05,
+    "requests_waiting": 2.0,
+    "requests_running": 2.0,
+    "ttft_p50_s": 0.1,
+    "ttft_p99_s": 0.1,
+    "tpot_p50_s": 0.005,
+    "e2e_p99_s": 0.5,
+    "prompt_tokens_per_s": 20.0,
+    "generation_tokens_per_s": 20.0,
+    "preemptions_per_s": 0.1,
+    "error_rate": 0.01,
+}
+"""Fallback scale units: a feature's change of one unit is where it starts to count."""
+
+FALLBACK_LOG_FEATURES = frozenset(
+    {
+        "kv_cache_usage",
+        "requests_waiting",
+        "requests_running",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "tpot_p50_s",
+        "e2e_p99_s",
+        "prompt_tokens_per_s",
+        "generation_tokens_per_s",
+        "preemptions_per_s",
+    }
+)
+"""Features the fallback compares on a log scale (they move by factors); the others move by amounts."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +163,14 @@ class IsolationForestDetector:
         z_limit: robust z (against the training data) that alone makes a scrape anomalous.
         fallback_z: robust z-score the fallback needs on some feature.
         fallback_history: rows the fallback keeps per entity (and needs half of before judging).
+        fallback_min_scale: the smallest spread the fallback assumes on the log scale (default 0.25:
+            a latency must move by a factor of e^2, about 7, to reach ``fallback_z`` = 8 on a series
+            that never moved; a 15-second p99 sits in one histogram bucket for minutes, then jumps).
+
+    The fallback compares each feature with the entity's recent median: latencies, queues and rates
+    (:data:`FALLBACK_LOG_FEATURES`) as ``log(1 + value / unit)``, bounded gauges as they are, where
+    ``unit`` (:data:`FALLBACK_UNITS`) is the size of a change too small to matter for that feature
+    (two requests, 0.1 s, 2 °C...) and the least spread a gauge is assumed to have.
     """
 
     name: ClassVar[str] = "iforest"
@@ -137,12 +184,14 @@ class IsolationForestDetector:
         z_limit: float = 10.0,
         fallback_z: float = 8.0,
         fallback_history: int = 40,
+        fallback_min_scale: float = 0.25,
     ) -> None:
         self.models = dict(models or {})
         self.episodes = episodes or EpisodePolicy()
         self.z_limit = z_limit
         self.fallback_z = fallback_z
         self.fallback_history = fallback_history
+        self.fallback_min_scale = fallback_min_scale
 
     def initial_state(self) -> IForestState:
         """No entity seen yet."""
@@ -173,6 +222,14 @@ class IsolationForestDetector:
                     anomalies.append(self._anomaly(vector, float(score), float(threshold), deviation, model))
         return state, anomalies
 
+    @staticmethod
+    def _units(names: tuple[str, ...]) -> np.ndarray:
+        return np.array([FALLBACK_UNITS.get(name, 1.0) for name in names], dtype=np.float64)
+
+    @staticmethod
+    def _logged(names: tuple[str, ...]) -> np.ndarray:
+        return np.array([name in FALLBACK_LOG_FEATURES for name in names], dtype=bool)
+
     def _fallback(
         self, vectors: Sequence[FeatureVector], rows: Matrix, names: tuple[str, ...], state: IForestState
     ) -> tuple[np.ndarray, np.ndarray, list[dict[str, float]]]:
@@ -184,10 +241,18 @@ class IsolationForestDetector:
             if len(past) < self.fallback_history // 2:
                 deviations.append({})
                 continue
-            median = np.nanmedian(past, axis=0)
-            mad = np.nanmedian(np.abs(past - median), axis=0) * MAD_TO_SIGMA
-            scale = np.maximum(mad, np.maximum(np.abs(median) * 0.05, 1e-3))
-            z = np.nan_to_num(np.abs(row - median) / scale, nan=0.0)
+            # Latencies, queues and rates move by factors: compare them on a log scale, so a queue that
+            # is usually empty does not make every request it ever holds a thousand-sigma event.
+            # Bounded gauges (temperature, utilisation, power) move by amounts: linear scale.
+            units, logged = self._units(names), self._logged(names)
+            past_t = np.where(logged, np.log1p(np.maximum(past, 0.0) / units), past)
+            row_t = np.where(logged, np.log1p(np.maximum(row, 0.0) / units), row)
+            with warnings.catch_warnings():  # a feature never seen yet is an all-NaN column: z = 0
+                warnings.simplefilter("ignore", RuntimeWarning)
+                median = np.nanmedian(past_t, axis=0)
+                mad = np.nan_to_num(np.nanmedian(np.abs(past_t - median), axis=0), nan=0.0) * MAD_TO_SIGMA
+            scale = np.maximum(mad, np.where(logged, self.fallback_min_scale, units))
+            z = np.nan_to_num(np.abs(row_t - median) / scale, nan=0.0)
             scores[i] = float(z.max())
             order = np.argsort(-z)[:3]
             deviations.append({names[j]: round(float(z[j]), 2) for j in order if z[j] > 0})

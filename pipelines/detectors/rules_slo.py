@@ -84,11 +84,13 @@ class SliWindowState:
             increases of the scrapes in ``(end - step_s, end]``.
         condition: whether the SLI is burning.
         le: the bucket bound that counts as "good" (the target, or the bound just below it).
+        first_ts: when the SLI's history starts (its first scrape).
     """
 
     bins: list[list[float]] = field(default_factory=list)
     condition: Condition = field(default_factory=Condition)
     le: float | None = None
+    first_ts: float | None = None
 
 
 @dataclass
@@ -128,6 +130,7 @@ class SloBurnState:
                             bins=[[float(x) for x in b] for b in v.get("bins", [])],
                             condition=Condition.from_dict(v.get("condition", {})),
                             le=v.get("le"),
+                            first_ts=v.get("first_ts"),
                         )
                         for k, v in g.get("slis", {}).items()
                     },
@@ -185,6 +188,11 @@ class SloBurnDetector:
         min_requests: fewest requests in a long window for its pair to fire (default 50).
         group_by: ``"pod"`` (one SLO per pod) or ``"model"`` (one per ``model_name``, summed over
             the pods one state sees) (default ``"pod"``: the detect agent keeps state per pod).
+        pad_unobserved: judge a window longer than the SLI's history as if the time before the
+            history had burnt exactly on budget (burn rate 1) (default True). A "6 hour" burn rate
+            over the first 40 minutes of a pod's life is otherwise a 40-minute burn rate held to a
+            threshold meant for six hours, and pages on any busy half hour; padded, a new pod that
+            serves only slow requests (burn 100) still fires the 1 h pair after about 8 minutes.
         emit_resolved: send a ``resolved`` anomaly when no pair fires any more (default True).
     """
 
@@ -198,6 +206,7 @@ class SloBurnDetector:
     step_s: float = 60.0
     min_requests: float = 50.0
     group_by: Literal["model", "pod"] = "pod"
+    pad_unobserved: bool = True
     emit_resolved: bool = True
 
     def __post_init__(self) -> None:
@@ -285,6 +294,8 @@ class SloBurnDetector:
         return group.counters.setdefault(key, CounterTrack()).update(value, ts, 0.0)
 
     def _add(self, sli: SliWindowState, ts: float, good: float, total: float) -> None:
+        if sli.first_ts is None or ts < sli.first_ts:
+            sli.first_ts = ts
         # An increase seen at ``ts`` happened since the previous scrape: file it in the bin that
         # ends at or after ``ts``, so a window (now - w, now] holds exactly the scrapes inside it.
         end = math.ceil(ts / self.step_s) * self.step_s
@@ -317,6 +328,18 @@ class SloBurnDetector:
                 total += b[2]
         return good, total
 
+    @staticmethod
+    def coverage(sli: SliWindowState, now: float) -> float:
+        """Seconds of history the SLI has up to ``now``."""
+        return 0.0 if sli.first_ts is None else max(0.0, now - sli.first_ts)
+
+    def _padded(self, burn: float, seen_s: float, window_s: float) -> float:
+        """The burn rate of a window whose unobserved part is counted as on budget (burn rate 1)."""
+        if not self.pad_unobserved or seen_s >= window_s:
+            return burn
+        seen = max(0.0, seen_s)
+        return (burn * seen + 1.0 * (window_s - seen)) / window_s
+
     # -- evaluation
 
     def _evaluate_all(self, state: SloBurnState, dirty: dict[str, float]) -> list[Anomaly]:
@@ -339,8 +362,9 @@ class SloBurnDetector:
         for w in self.windows:
             long_good, long_total = self.window_totals(sli, ts, w.long_s)
             short_good, short_total = self.window_totals(sli, ts, w.short_s)
-            long_burn = burn_rate(long_good, long_total, self.objective)
-            short_burn = burn_rate(short_good, short_total, self.objective)
+            seen = self.coverage(sli, ts)
+            long_burn = self._padded(burn_rate(long_good, long_total, self.objective), seen, w.long_s)
+            short_burn = self._padded(burn_rate(short_good, short_total, self.objective), seen, w.short_s)
             fires = long_total >= self.min_requests and long_burn >= w.burn_rate and short_burn >= w.burn_rate
             rows.append(
                 {
@@ -353,6 +377,7 @@ class SloBurnDetector:
                     "long_slow": long_total - long_good,
                     "short_requests": short_total,
                     "short_slow": short_total - short_good,
+                    "history_s": min(seen, w.long_s),
                     "firing": fires,
                 }
             )

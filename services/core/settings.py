@@ -68,6 +68,26 @@ class Settings(BaseSettings):
     detect_contamination: float = Field(
         default=0.005, gt=0, lt=0.5, description="Share of training scrapes the learned detectors treat as outliers."
     )
+    detect_torch_threads: int = Field(
+        default=1,
+        ge=0,
+        description="CPU threads torch uses for the LSTM in a detect worker; 0: torch's default (all cores).",
+    )
+    detect_retrain_interval_s: float = Field(
+        default=21_600.0, gt=0, description="`medic detect retrain`: seconds between scheduled retrainings."
+    )
+    detect_retrain_lookback_s: float = Field(
+        default=21_600.0, gt=0, description="Scheduled retraining learns from this many recent seconds of metrics."
+    )
+    detect_retrain_window_s: float = Field(
+        default=300.0, gt=0, description="Retraining judges scrapes in windows this long per entity (s)."
+    )
+    detect_retrain_margin_s: float = Field(
+        default=300.0, ge=0, description="Retraining leaves out windows within this many seconds of an anomaly."
+    )
+    detect_retrain_min_scrapes: int = Field(
+        default=500, ge=1, description="Retraining stores nothing when fewer scrapes than this were judged normal."
+    )
 
     log_level: str = Field(default="INFO", description="Log level of every ClusterMedic process.")
 

@@ -62,6 +62,16 @@ def latest_models(settings: Settings, detector: str) -> dict[str, StoredModel]:
     return {r[1]: StoredModel(r[0], r[1], r[2], r[3], r[4], r[5], bytes(r[6])) for r in rows}
 
 
+def latest_versions(settings: Settings, detector: str) -> dict[str, int]:
+    """The newest version number of ``detector`` for each entity class (cheap: no model bytes)."""
+    with connect(settings) as conn:
+        rows = conn.execute(
+            "SELECT entity_class, max(version) FROM detector_models WHERE detector = %s GROUP BY entity_class",
+            (detector,),
+        ).fetchall()
+    return {r[0]: int(r[1]) for r in rows}
+
+
 def list_models(settings: Settings) -> list[StoredModel]:
     """Every stored model version, newest first (model bytes omitted)."""
     with connect(settings) as conn:

@@ -73,3 +73,33 @@ def test_state_and_model_serialise(model):
     restored = iforest.TrainedIForest.from_bytes(model.to_bytes())
     rows = _normal_rows(5, seed=9)
     assert np.allclose(restored.score(rows), model.score(rows))
+
+
+def _pod(ts: float, waiting: float, ttft_p99: float) -> FeatureVector:
+    values = {
+        "kv_cache_usage": 0.3,
+        "requests_waiting": waiting,
+        "requests_running": 8.0,
+        "ttft_p50_s": 0.2,
+        "ttft_p99_s": ttft_p99,
+        "tpot_p50_s": 0.03,
+        "e2e_p99_s": 9.0,
+        "prompt_tokens_per_s": 900.0,
+        "generation_tokens_per_s": 250.0,
+        "preemptions_per_s": 0.0,
+        "error_rate": 0.0,
+    }
+    return FeatureVector("pod-1", "pod", ts, values, {"pod": "pod-1", "node": "n1"})
+
+
+def test_fallback_takes_a_usual_queue_blip_calmly_but_not_a_tenfold_latency():
+    detector = IsolationForestDetector(episodes=EpisodePolicy(warmup=0, persistence=1), fallback_history=20)
+    state = detector.initial_state()
+    for t in range(20):  # an empty queue and a p99 that never left its histogram bucket
+        state, anomalies = detector.detect([_pod(t * 15.0, 0.0, 0.75)], state)
+        assert anomalies == []
+    # a burst queues six requests and the p99 moves up one bucket: ordinary, not a thousand sigmas
+    state, anomalies = detector.detect([_pod(300.0, 6.0, 1.5)], state)
+    assert anomalies == []
+    state, anomalies = detector.detect([_pod(315.0, 0.0, 12.0)], state)  # sixteen times the p99
+    assert len(anomalies) == 1 and "ttft_p99_s" in anomalies[0].evidence["top_deviations"]

@@ -58,7 +58,7 @@ def test_healthy_gpu_is_quiet() -> None:
 
 
 def test_sbe_rate_fires_over_window_and_resolves() -> None:
-    detector = GpuRuleDetector(sbe_window_s=60.0, sbe_threshold=50.0)
+    detector = GpuRuleDetector(sbe_window_s=60.0, sbe_threshold=50.0, sbe_burst_threshold=None)
     totals = [10, 10, 30, 50, 70, 70, 70, 70, 70, 70]
     anomalies = feed(detector, [{"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": float(t)} for t in totals])
     fired = [a for a in anomalies if a.signal == "ecc_sbe_rate"]
