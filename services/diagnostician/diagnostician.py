@@ -25,7 +25,7 @@ from services.core.settings import Settings
 from services.diagnostician.embedder import CachingEmbedder, Embedder, make_embedder
 from services.diagnostician.kb import SearchHit, configure_session, search
 from services.diagnostician.ranker import RunbookIndex, playbook_params, rank, runbook_index
-from services.diagnostician.tools import Evidence, gather_evidence
+from services.diagnostician.tools import ChangeLog, Evidence, gather_evidence
 from services.store.db import connect
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,10 @@ class RankerDiagnostician(Diagnostician):
         embedder: embeds the retrieval query; None disables retrieval (signal matching only).
         index: the runbook index (default: built once from the knowledge folder).
         use_database: read the anomalies table and the knowledge base; False for pure unit use.
+
+    Attributes:
+        change_log: the cluster's Deployment changes (rollouts), when a source of Kubernetes events feeds
+            one; None leaves the ``recent_changes`` tool to the alerts and the anomalies table.
     """
 
     name = "ranker"
@@ -76,6 +80,7 @@ class RankerDiagnostician(Diagnostician):
         self.use_database = use_database
         self._conn: psycopg.Connection | None = None
         self._lock = threading.Lock()
+        self.change_log: ChangeLog | None = None
 
     def connection(self) -> psycopg.Connection | None:
         """The diagnostician's connection, opened on first use (None when disabled or unreachable)."""
@@ -93,7 +98,7 @@ class RankerDiagnostician(Diagnostician):
 
     def evidence(self, incident: IncidentEvent) -> Evidence:
         """Run the evidence tools."""
-        return gather_evidence(incident, self.connection())
+        return gather_evidence(incident, self.connection(), changes=self.change_log)
 
     def retrieve(self, evidence: Evidence, k: int | None = None) -> list[SearchHit]:
         """Hybrid search for the evidence's query over all document kinds (one round trip); [] on failure."""

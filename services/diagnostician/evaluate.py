@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from services.core.events import AlertRef, IncidentEvent
+from services.core.events import AlertRef, IncidentEvent, KubeEvent
 from services.core.settings import Settings
-from services.diagnostician.diagnostician import Diagnostician
+from services.diagnostician.diagnostician import Diagnostician, RankerDiagnostician
 from services.diagnostician.ranker import RunbookIndex
+from services.diagnostician.tools import ChangeLog
 
 # Fault type -> scenario file, and the root causes that count as the right diagnosis.
 FAULT_SCENARIOS: dict[str, str] = {
@@ -180,17 +181,27 @@ def run_case(
     offline = OfflineDetect(detectors)
     engine = Engine(routing)
     events: list[IncidentEvent] = []
+    # the Deployment changes the cluster records, starting from each deployment's ReplicaSet
+    changes = ChangeLog({name: f"{name}-{dep.template_hash}" for name, dep in sim.cluster.deployments.items()})
     try:
         while sim.t < duration:
             now = sim.t
             actions = []
-            for anomaly in offline.feed(sim.step()):
+            batch = sim.step()
+            for item in batch:
+                if isinstance(item, KubeEvent):
+                    changes.observe(item)
+            for anomaly in offline.feed(batch):
                 actions.extend(engine.ingest(anomaly, now))
             actions.extend(engine.tick(now))
             events.extend(a for a in actions if isinstance(a, IncidentEvent))
         fault_list = [f for f in sim.fault_list() if f.started_at is not None]
     finally:
         sim.close()
+    ranker = doctor if isinstance(doctor, RankerDiagnostician) else getattr(doctor, "ranker", None)
+    if isinstance(ranker, RankerDiagnostician):
+        # the tool reads only changes before the incident's alerts (``RecentChangesTool``)
+        ranker.change_log = changes
     results: list[CaseResult] = []
     for fault in fault_list:
         expected = (

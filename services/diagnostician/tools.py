@@ -14,7 +14,8 @@ Registered tools (one line each in :data:`TOOLS`)::
     metric_windows       metric values and windows the detectors recorded, by entity
     log_events           top log templates (with an example line) and Kubernetes events
     topology             neighbours: the nodes, GPUs, pods and models the alerts touch
-    recent_changes       rollouts and scaling changes near the incident
+    recent_changes       rollouts and scaling changes near the incident (alerts, stored anomalies and
+                         the Deployment change log, when one is given)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any, Literal
 import psycopg
 from pydantic import BaseModel, ConfigDict
 
-from services.core.events import AlertRef, IncidentEvent
+from services.core.events import AlertRef, IncidentEvent, KubeEvent
 from services.core.registry import Registry
 from services.diagnostician.runbooks import METRIC_NAME
 
@@ -45,6 +46,11 @@ CHANGE_SIGNALS = frozenset({"latency_regression"})
 LOG_DETECTORS = frozenset({"log_templates", "logtemplates"})
 EVENT_DETECTORS = frozenset({"kube_events", "k8s_events", "events"})
 _XID_IN_LINE = re.compile(r"Xid \((?:PCI:)?[^)]*\): (\d+)")
+# The deployment controller's event when it scales a ReplicaSet ("Scaled up replica set web-5d4f8c7b9 to 1",
+# newer releases "... from 0 to 1").
+_SCALED_REPLICA_SET = re.compile(r"Scaled (?P<direction>up|down) replica set (?P<replica_set>[\w.-]+)")
+# How long before an incident's first alert a rollout of one of its deployments counts as a suspect.
+CHANGE_LOOKBACK_S = 900.0
 
 # Learned detectors (iforest, lstm) report which features deviated (``top_deviations``, z-scores, or
 # ``window_drift``). A deviation in the direction a failure pushes a feature is evidence of the metric
@@ -106,13 +112,77 @@ class ToolResult(BaseModel):
     error: str = ""
 
 
+@dataclass(frozen=True)
+class Change:
+    """One change the deployment controller recorded.
+
+    Attributes:
+        ts: UNIX time of the event.
+        deployment: the Deployment's name.
+        replica_set: the ReplicaSet it scaled.
+        kind: ``rollout`` when a ReplicaSet other than the deployment's current one was scaled up (a new
+            pod template: image, arguments, variant), ``scale`` for a replica count change.
+        message: the event's message.
+    """
+
+    ts: float
+    deployment: str
+    replica_set: str
+    kind: Literal["rollout", "scale"]
+    message: str
+
+
+class ChangeLog:
+    """Deployment changes from the Kubernetes event stream (what ``kubectl get events`` and
+    ``kubectl rollout history`` show), for the ``recent_changes`` tool.
+
+    A rollout is the deployment controller scaling up a ReplicaSet that is not the deployment's current
+    one: Kubernetes creates a new ReplicaSet whenever the pod template changes, and only then.
+
+    Args:
+        replica_sets: each deployment's current ReplicaSet when the log starts (``kubectl get rs``);
+            without it a deployment's first scale-up cannot be told from a rollout and counts as a scale.
+        horizon_s: changes older than this (before the newest one) are forgotten.
+    """
+
+    def __init__(self, replica_sets: Mapping[str, str] | None = None, horizon_s: float = 3600.0) -> None:
+        self.current: dict[str, str] = dict(replica_sets or {})
+        self.horizon_s = horizon_s
+        self.changes: list[Change] = []
+
+    def observe(self, event: KubeEvent) -> Change | None:
+        """Record a Deployment's ScalingReplicaSet event; other events are ignored (None)."""
+        if event.involved_object.kind != "Deployment" or event.reason != "ScalingReplicaSet":
+            return None
+        match = _SCALED_REPLICA_SET.search(event.message)
+        if match is None:
+            return None
+        deployment, replica_set = event.involved_object.name, match.group("replica_set")
+        known = self.current.get(deployment)
+        kind: Literal["rollout", "scale"] = "scale"
+        if match.group("direction") == "up":
+            if known is not None and known != replica_set:
+                kind = "rollout"
+            self.current[deployment] = replica_set
+        change = Change(event.ts, deployment, replica_set, kind, event.message[:300])
+        self.changes.append(change)
+        self.changes = [c for c in self.changes if c.ts >= change.ts - self.horizon_s]
+        return change
+
+    def between(self, deployments: Iterable[str], start: float, end: float) -> list[Change]:
+        """Changes of these deployments with ``start <= ts <= end``, oldest first."""
+        wanted = set(deployments)
+        return [c for c in self.changes if c.deployment in wanted and start <= c.ts <= end]
+
+
 @dataclass
 class ToolContext:
-    """What a tool may read: the incident and, optionally, a database connection."""
+    """What a tool may read: the incident and, optionally, a database connection and a change log."""
 
     incident: IncidentEvent
     conn: psycopg.Connection | None = None
     lookback_s: float = 3600.0
+    changes: ChangeLog | None = None
 
 
 class EvidenceTool(ABC):
@@ -307,10 +377,11 @@ def topology_of(labels: Mapping[str, str]) -> dict[str, str]:
 
 
 class RecentChangesTool(EvidenceTool):
-    """Rollouts and scaling near the incident: latency-regression alerts and rollout-type events."""
+    """Rollouts and scaling near the incident: latency-regression alerts, rollout-type events, and the
+    change log's rollouts of the incident's deployments shortly before its first alert."""
 
     name = "recent_changes"
-    description = "recent changes: rollouts (latency_regression, ScalingReplicaSet events)"
+    description = "recent changes: rollouts (latency_regression, ScalingReplicaSet events, Deployment changes)"
 
     def collect(self, ctx: ToolContext) -> Any:
         changes = [
@@ -318,6 +389,21 @@ class RecentChangesTool(EvidenceTool):
             for a in ctx.incident.alerts
             if a.signal in CHANGE_SIGNALS or _event_reason(a) in CHANGE_REASONS
         ]
+        if ctx.changes is not None and ctx.incident.alerts:
+            starts = [a.starts_at for a in ctx.incident.alerts]
+            deployments = incident_deployments(ctx.incident.alerts)
+            changes.extend(
+                {
+                    "entity": c.deployment,
+                    "signal": "",
+                    "reason": "ScalingReplicaSet",
+                    "at": c.ts,
+                    "kind": c.kind,
+                    "replica_set": c.replica_set,
+                    "message": c.message,
+                }
+                for c in ctx.changes.between(deployments, min(starts) - CHANGE_LOOKBACK_S, max(starts))
+            )
         if ctx.conn is not None:
             since = datetime.fromtimestamp(ctx.incident.opened_at - ctx.lookback_s, UTC)
             rows = ctx.conn.execute(
@@ -392,10 +478,13 @@ class Evidence:
 
 
 def gather_evidence(
-    incident: IncidentEvent, conn: psycopg.Connection | None = None, tools: Iterable[str] | None = None
+    incident: IncidentEvent,
+    conn: psycopg.Connection | None = None,
+    tools: Iterable[str] | None = None,
+    changes: ChangeLog | None = None,
 ) -> Evidence:
     """Run the tools (default: all registered) and condense their results."""
-    ctx = ToolContext(incident=incident, conn=conn)
+    ctx = ToolContext(incident=incident, conn=conn, changes=changes)
     results: dict[str, ToolResult] = {}
     for name in tools if tools is not None else TOOLS.names():
         try:
@@ -451,6 +540,8 @@ def condense(incident: IncidentEvent, results: Mapping[str, ToolResult]) -> Evid
         for fact in facts:
             if fact not in ev.facts:
                 ev.facts.append(fact)
+    _condense_changes(ev, results.get("recent_changes"))
+    _condense_flapping(ev)
     for deployment, hashes in sorted(replica_sets(incident.alerts).items()):
         if len(hashes) >= 2:
             # the event a Deployment records when it moves between ReplicaSets; kube_events does not
@@ -462,6 +553,47 @@ def condense(incident: IncidentEvent, results: Mapping[str, ToolResult]) -> Evid
         ev.scope.add(scope)
         ev.facts.append(f"blast radius: {scope}")
     return ev
+
+
+def _condense_changes(ev: Evidence, result: ToolResult | None) -> None:
+    """A rollout of one of the incident's deployments just before its alerts: the ScalingReplicaSet event."""
+    if result is None or result.status != "ok" or not isinstance(result.data, list):
+        return
+    for change in result.data:
+        if isinstance(change, Mapping) and change.get("kind") == "rollout":
+            ev.event_reasons.add("ScalingReplicaSet")
+            fact = f"rollout of {change.get('entity')} to ReplicaSet {change.get('replica_set')} before the alerts"
+            if fact not in ev.facts:
+                ev.facts.insert(0, fact)
+
+
+def _condense_flapping(ev: Evidence) -> None:
+    """A node lost again after it recovered has logged NodeNotReady, NodeReady, NodeNotReady.
+
+    ``kube_events`` alerts on NodeNotReady but not on the Normal NodeReady between the losses; its
+    ``node_flapping`` alert counts the readiness changes, and two or more losses imply the recovery.
+    """
+    for alert in _firing(ev.incident):
+        value = alert.evidence.get("readiness_changes")
+        changes = int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+        if alert.signal == "node_flapping" and changes >= 2:
+            ev.event_reasons.update(("NodeNotReady", "NodeReady"))
+            sequence = "NodeNotReady then NodeReady" + (" then NodeNotReady" if changes >= 3 else "")
+            fact = f"{alert.entity}: {sequence} ({changes} readiness changes)"
+            if fact not in ev.facts:
+                ev.facts.insert(0, fact)
+
+
+def incident_deployments(alerts: Iterable[AlertRef]) -> set[str]:
+    """The deployments whose pods (or which, by label) the alerts name."""
+    out: set[str] = set()
+    for alert in alerts:
+        if alert.labels.get("deployment"):
+            out.add(alert.labels["deployment"])
+        pod = alert.labels.get("pod", "")
+        if pod:
+            out.add(deployment_of(pod))
+    return out
 
 
 def deployment_of(pod: str) -> str:
@@ -487,9 +619,10 @@ def replica_sets(alerts: Iterable[AlertRef]) -> dict[str, set[str]]:
 def blast_radius(alerts: Iterable[AlertRef]) -> str:
     """Which replicas the alerts touch: 'pod', 'deployment', 'node', or '' when that says nothing.
 
-    ``node``: replicas of two or more deployments, all on one node (a node-level cause: its network,
-    power, cooling). ``deployment``: replicas of one deployment on two or more nodes (a cause shared by
-    the deployment: its release, its load). ``pod``: one replica.
+    ``node``: two or more replicas, all on one node, of one deployment or several (a node-level cause:
+    its network, power, cooling; a noisy neighbour or a bad process slows one replica). ``deployment``:
+    replicas of one deployment on two or more nodes (a cause shared by the deployment: its release, its
+    load). ``pod``: one replica.
 
     Only alerts on the replicas themselves count (entity = pod): a GPU's alert names the pod using the
     GPU, and the learned detectors' alerts on idle or busy GPUs would spread any incident over its node.
@@ -505,7 +638,8 @@ def blast_radius(alerts: Iterable[AlertRef]) -> str:
         if node:
             nodes.add(node)
     deployments = {deployment_of(p) for p in pods}
-    if len(deployments) >= 2 and len(nodes) == 1:
+    if len(pods) >= 2 and len(nodes) == 1:
+        # several replicas at once, on one node only: what they share is the node
         return "node"
     if len(deployments) == 1 and len(nodes) >= 2:
         return "deployment"

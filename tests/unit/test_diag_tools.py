@@ -1,4 +1,5 @@
-"""Evidence condensing: what the ranker learns from latency findings, pod names and topology."""
+"""Evidence condensing: what the ranker learns from latency findings, pod names, topology, the Deployment
+change log and node readiness changes."""
 
 from __future__ import annotations
 
@@ -7,10 +8,17 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from services.core.events import AlertRef, IncidentEvent
+from services.core.events import AlertRef, IncidentEvent, KubeEvent, ObjectRef
 from services.diagnostician.ranker import WEIGHTS, rank, runbook_index, signal_scores
 from services.diagnostician.runbooks import Signals
-from services.diagnostician.tools import blast_radius, deployment_of, gather_evidence, replica_sets
+from services.diagnostician.tools import (
+    CHANGE_LOOKBACK_S,
+    ChangeLog,
+    blast_radius,
+    deployment_of,
+    gather_evidence,
+    replica_sets,
+)
 
 T0 = 1_760_000_000.0
 
@@ -57,8 +65,11 @@ def test_blast_radius_tells_a_node_from_a_deployment_from_a_pod() -> None:
     across_nodes = [ttft_regression("llama-8b-fp16-ps2ff-kcb5n"), ttft_regression("llama-8b-fp16-ps2ff-aaaa1", "n2")]
     assert blast_radius(across_nodes) == "deployment"
     assert blast_radius([ttft_regression("llama-8b-fp16-ps2ff-kcb5n")]) == "pod"
+    # several replicas of one deployment at once, all on one node: the node is what they share
     two_pods_one_node = [ttft_regression("llama-8b-fp16-ps2ff-kcb5n"), ttft_regression("llama-8b-fp16-ps2ff-vpqsf")]
-    assert blast_radius(two_pods_one_node) == ""
+    assert blast_radius(two_pods_one_node) == "node"
+    spread = [*on_one_node, ttft_regression("llama-8b-fp16-ps2ff-aaaa1", "n2")]
+    assert blast_radius(spread) == ""
 
 
 def test_pods_of_two_replica_sets_of_one_deployment_are_a_rollout() -> None:
@@ -97,3 +108,86 @@ def test_the_blast_radius_only_adds_to_a_runbook_whose_own_signals_match() -> No
     assert "scope" not in scores["noisy_neighbour"].parts
     slow = signal_scores(gather_evidence(incident(ttft_regression("llama-8b-fp16-ps2ff-kcb5n"))), runbook_index())
     assert slow["noisy_neighbour"].parts.get("scope") == WEIGHTS["scope"]
+
+
+def scaled(deployment: str, replica_set: str, ts: float, direction: str = "up", to: int = 1) -> KubeEvent:
+    return KubeEvent(
+        reason="ScalingReplicaSet",
+        involved_object=ObjectRef(kind="Deployment", name=deployment, namespace="llm-serving"),
+        message=f"Scaled {direction} replica set {replica_set} to {to}",
+        ts=ts,
+        source_component="deployment-controller",
+    )
+
+
+def test_the_change_log_tells_a_rollout_from_a_scale() -> None:
+    log = ChangeLog({"llama-70b-int4": "llama-70b-int4-7m6ppjfgdw"})
+    scale = log.observe(scaled("llama-70b-int4", "llama-70b-int4-7m6ppjfgdw", T0 - 600, to=4))
+    rollout = log.observe(scaled("llama-70b-int4", "llama-70b-int4-fc99cq8565", T0 - 60))
+    old_down = log.observe(scaled("llama-70b-int4", "llama-70b-int4-7m6ppjfgdw", T0 - 50, "down", 3))
+    assert scale is not None and scale.kind == "scale"
+    assert rollout is not None and rollout.kind == "rollout" and rollout.replica_set == "llama-70b-int4-fc99cq8565"
+    assert old_down is not None and old_down.kind == "scale"
+    # the new ReplicaSet is now the current one: scaling it further is no second rollout
+    more = log.observe(scaled("llama-70b-int4", "llama-70b-int4-fc99cq8565", T0 - 40, to=2))
+    assert more is not None and more.kind == "scale"
+    # a deployment the log has no ReplicaSet for cannot be judged: its first scale-up is a scale
+    first = log.observe(scaled("llama-8b-fp16", "llama-8b-fp16-ps2ffdmslc", T0 - 30))
+    assert first is not None and first.kind == "scale"
+    assert log.observe(KubeEvent(reason="Started", involved_object=ObjectRef(kind="Pod", name="p"), ts=T0)) is None
+    assert [c.kind for c in log.between(["llama-70b-int4"], T0 - 100, T0)] == ["rollout", "scale", "scale"]
+
+
+def test_a_rollout_of_the_alerting_deployment_just_before_its_alerts_is_rollout_evidence() -> None:
+    errors = alert("error_rate", "llama-70b-int4-fc99cq8565-xbbnz", error_ratio=0.7)
+    queue = alert("queue_saturation", "llama-70b-int4-fc99cq8565-xbbnz", waiting=33.0)
+    log = ChangeLog({"llama-70b-int4": "llama-70b-int4-7m6ppjfgdw", "llama-8b-fp16": "llama-8b-fp16-ps2ffdmslc"})
+    log.observe(scaled("llama-70b-int4", "llama-70b-int4-fc99cq8565", T0 - 120))
+    evidence = gather_evidence(incident(errors, queue), changes=log)
+    assert "ScalingReplicaSet" in evidence.event_reasons
+    assert any("rollout of llama-70b-int4" in fact for fact in evidence.facts)
+    causes = [h.cause for h in rank(evidence, runbook_index())]
+    assert causes[0] == "bad_rollout", causes[:5]
+    # without the change log the same alerts read as something else
+    assert rank(gather_evidence(incident(errors, queue)), runbook_index())[0].cause != "bad_rollout"
+
+
+@pytest.mark.parametrize(
+    ("deployment", "at"),
+    [
+        ("llama-8b-fp16", T0 - 120),  # another deployment's rollout
+        ("llama-70b-int4", T0 - CHANGE_LOOKBACK_S - 60),  # long before the alerts
+        ("llama-70b-int4", T0 + 60),  # after them: not a cause
+    ],
+)
+def test_an_unrelated_or_distant_rollout_is_no_evidence(deployment: str, at: float) -> None:
+    log = ChangeLog({"llama-70b-int4": "llama-70b-int4-7m6ppjfgdw", "llama-8b-fp16": "llama-8b-fp16-ps2ffdmslc"})
+    log.observe(scaled(deployment, f"{deployment}-newhash123", at))
+    errors = alert("error_rate", "llama-70b-int4-7m6ppjfgdw-xbbnz", error_ratio=0.7)
+    assert "ScalingReplicaSet" not in gather_evidence(incident(errors), changes=log).event_reasons
+
+
+def node_alert(signal: str, reason: str, **evidence: Any) -> AlertRef:
+    return AlertRef(
+        fingerprint=f"{signal}:gpu-node-003",
+        entity="gpu-node-003",
+        signal=signal,
+        detector="kube_events",
+        severity="warning",
+        starts_at=T0,
+        labels={"node": "gpu-node-003", "kind": "Node"},
+        evidence={"reason": reason, **evidence},
+    )
+
+
+def test_a_node_lost_again_after_recovering_is_flapping_not_a_single_loss() -> None:
+    lost = node_alert("node_not_ready", "NodeNotReady")
+    flapping = node_alert("node_flapping", "NodeNotReady", readiness_changes=3, window_s=600.0)
+    evidence = gather_evidence(incident(lost, flapping))
+    assert {"NodeNotReady", "NodeReady"} <= evidence.event_reasons
+    assert any("NodeNotReady then NodeReady then NodeNotReady" in fact for fact in evidence.facts)
+    top = rank(evidence, runbook_index())[0]
+    assert top.cause == "node_flapping"
+    assert any("NodeNotReady then NodeReady then NodeNotReady" in e for e in top.evidence)
+    # one loss, no recovery seen: a node that is not ready
+    assert rank(gather_evidence(incident(lost)), runbook_index())[0].cause == "node_not_ready"
