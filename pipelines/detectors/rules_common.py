@@ -14,7 +14,7 @@ Rules read Prometheus-style samples and Kubernetes events, so they share four ne
   (detector, signal, entity), which is what the correlator deduplicates on.
 
 Everything here is plain data (numbers, strings, lists, dicts) so a detector's state goes to JSON
-with :func:`dataclasses.asdict` and comes back with the ``from_dict`` helpers.
+with :func:`plain` and comes back with the ``from_dict`` helpers.
 """
 
 from __future__ import annotations
@@ -32,6 +32,25 @@ Transition = Literal["fire", "resolve"]
 # Labels that describe a series, not where it runs; never copied into an anomaly's labels.
 _SERIES_LABELS = frozenset({"le", "finished_reason", "__name__", "quantile"})
 _HOST_LABELS = ("Hostname", "hostname", "node", "kubernetes_node", "instance_node")
+
+
+def plain(value: Any) -> Any:
+    """A JSON-ready copy of rule state: dataclasses become dicts, lists, tuples and dicts are copied.
+
+    What :func:`dataclasses.asdict` returns for these states, without its ``deepcopy`` of every leaf:
+    the leaves here are numbers, strings and None, which need no copy. A detect worker checkpoints
+    every entity's state every few scrapes, so this runs often.
+    """
+    fields = getattr(type(value), "__dataclass_fields__", None)
+    if fields is not None:
+        return {name: plain(getattr(value, name)) for name in fields}
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
+    return value
 
 
 def fingerprint(detector: str, signal: str, entity: str) -> str:
@@ -249,7 +268,7 @@ class CounterTrack:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CounterTrack:
-        """Rebuild a track from :func:`dataclasses.asdict` output."""
+        """Rebuild a track from :func:`plain` output."""
         return cls(
             last=data.get("last"),
             last_ts=float(data.get("last_ts", 0.0)),
@@ -305,7 +324,7 @@ class Condition:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Condition:
-        """Rebuild a condition from :func:`dataclasses.asdict` output."""
+        """Rebuild a condition from :func:`plain` output."""
         return cls(
             streak=int(data.get("streak", 0)),
             since=data.get("since"),

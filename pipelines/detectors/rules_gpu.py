@@ -37,7 +37,7 @@ whose metrics are missing from a scrape (a GPU off the bus reports only its XID)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, ClassVar
 
@@ -49,6 +49,7 @@ from pipelines.detectors.rules_common import (
     findings_to_anomalies,
     forget_older,
     held_back,
+    plain,
     snapshots,
     topology_labels,
 )
@@ -145,7 +146,7 @@ class GpuRulesState:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the state as JSON-compatible values."""
-        return asdict(self)
+        return plain(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GpuRulesState:

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pipelines.detectors.rules_common import EntityKind, forget_older, held_back, make_anomaly
+from pipelines.detectors.rules_common import EntityKind, forget_older, held_back, make_anomaly, plain
 from services.core.events import Anomaly, KubeEvent, Severity
 
 DETECTOR_NAME = "kube_events"
@@ -71,7 +71,7 @@ class KubeEventsState:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the state as JSON-compatible values."""
-        return asdict(self)
+        return plain(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KubeEventsState:

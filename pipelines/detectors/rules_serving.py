@@ -39,7 +39,7 @@ regression stays one anomaly until it is fixed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pipelines.detectors.rules_common import (
@@ -48,6 +48,7 @@ from pipelines.detectors.rules_common import (
     Finding,
     Snapshot,
     findings_to_anomalies,
+    plain,
     snapshots,
     topology_labels,
 )
@@ -109,7 +110,7 @@ class ServingRulesState:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the state as JSON-compatible values."""
-        return asdict(self)
+        return plain(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServingRulesState:

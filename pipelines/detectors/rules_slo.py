@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from pipelines.detectors.rules_common import (
@@ -40,6 +40,7 @@ from pipelines.detectors.rules_common import (
     EntityKind,
     Snapshot,
     make_anomaly,
+    plain,
     snapshots,
     topology_labels,
 )
@@ -116,7 +117,7 @@ class SloBurnState:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the state as JSON-compatible values."""
-        return asdict(self)
+        return plain(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SloBurnState:

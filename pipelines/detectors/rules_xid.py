@@ -10,11 +10,18 @@ from NVIDIA's XID catalog (:mod:`pipelines.detectors.xid_catalog`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pipelines.detectors.rules_common import forget_older, held_back, make_anomaly, snapshots, topology_labels
+from pipelines.detectors.rules_common import (
+    forget_older,
+    held_back,
+    make_anomaly,
+    plain,
+    snapshots,
+    topology_labels,
+)
 from pipelines.detectors.xid_catalog import XidCatalog
 from services.core.events import Anomaly, MetricBatch
 
@@ -46,7 +53,7 @@ class XidState:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the state as JSON-compatible values."""
-        return asdict(self)
+        return plain(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> XidState:
