@@ -8,6 +8,11 @@ is the first incident *opened* after the fault's onset that holds an alert on th
 version within ``window_s`` of that event, as the live service would have diagnosed it, and its
 ranking is compared with the fault's label.
 
+The Deployment controller's events of the episode feed a :class:`~services.diagnostician.tools.ChangeLog`
+given to the ranker, as a live deployment reading the cluster's Kubernetes events would: a rollout of
+an incident's deployment shortly before its alerts is evidence (the tool never reads changes after
+the incident's last alert).
+
 An incident opened before the onset was opened by something else (the seeded background load can
 overload a deployment on its own), so it does not carry the fault's label even when the fault's alerts
 later join it. Such a fault has no incident of its own: it counts as not detected and is reported as
