@@ -190,6 +190,13 @@ class Settings(BaseSettings):
         default=None, description="Knowledge folder (runbooks/, postmortems/). Unset: the repository's knowledge/."
     )
     kb_top_k: int = Field(default=8, ge=1, le=100, description="Hits returned by hybrid retrieval.")
+    diagnostician_change_feed: bool = Field(
+        default=True,
+        description="The diagnostician follows telemetry.events.v1 for rollouts (ScalingReplicaSet) as evidence.",
+    )
+    diagnostician_change_lookback_s: float = Field(
+        default=3600.0, gt=0, description="How far back the diagnostician's change feed starts reading (s)."
+    )
     llm_base_url: str | None = Field(
         default=None, description="Base URL of an OpenAI-compatible chat endpoint (OpenAI, vLLM, Ollama)."
     )

@@ -19,7 +19,14 @@ from services.core.consumer import consume
 from services.core.errors import ClusterMedicError, EventError
 from services.core.events import DeadLetter, IncidentEvent
 from services.core.settings import Settings
-from services.diagnostician.diagnostician import Diagnostician, diagnose_incident, make_diagnostician
+from services.diagnostician.changefeed import ChangeFeed, current_replica_sets
+from services.diagnostician.diagnostician import (
+    Diagnostician,
+    RankerDiagnostician,
+    diagnose_incident,
+    make_diagnostician,
+)
+from services.diagnostician.tools import ChangeLog
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +55,44 @@ def run(
         InfraNotReady: Kafka is unreachable at start.
     """
     doctor = diagnostician or make_diagnostician(settings)
-    return consume(
-        settings,
-        IncidentEvent.topic,
-        CONSUMER,
-        lambda raw, key, publisher: handle(raw, key, settings, doctor, publisher),
-        stop=stop,
-        max_messages=max_messages,
-        poll_timeout_ms=poll_timeout_ms,
-    )
+    stop = stop or threading.Event()
+    feed_stop = threading.Event()
+    if settings.diagnostician_change_feed:
+        start_change_feed(settings, doctor, feed_stop)
+    try:
+        return consume(
+            settings,
+            IncidentEvent.topic,
+            CONSUMER,
+            lambda raw, key, publisher: handle(raw, key, settings, doctor, publisher),
+            stop=stop,
+            max_messages=max_messages,
+            poll_timeout_ms=poll_timeout_ms,
+        )
+    finally:
+        feed_stop.set()
+
+
+def start_change_feed(settings: Settings, doctor: Diagnostician, stop: threading.Event) -> ChangeFeed | None:
+    """Give the diagnostician's ranker a change log fed from the cluster's events (rollout evidence).
+
+    Seeded with each Deployment's current ReplicaSet when the Kubernetes API answers; None when the
+    diagnostician has no ranker to feed.
+    """
+    ranker = doctor if isinstance(doctor, RankerDiagnostician) else getattr(doctor, "ranker", None)
+    if not isinstance(ranker, RankerDiagnostician):
+        return None
+    seed: dict[str, str] = {}
+    try:
+        from services.ingest.kube import api_client
+
+        seed = current_replica_sets(api_client(settings))
+    except Exception as exc:  # no kubeconfig and not in a cluster: rollouts still come from the events
+        log.info("no Kubernetes API for the ReplicaSet seed (%s)", exc)
+    ranker.change_log = ranker.change_log or ChangeLog(seed)
+    feed = ChangeFeed(settings, ranker.change_log, lookback_s=settings.diagnostician_change_lookback_s)
+    feed.start(stop)
+    return feed
 
 
 def handle(raw: bytes, key: bytes | None, settings: Settings, doctor: Diagnostician, publisher: KafkaPublisher) -> None:
