@@ -42,7 +42,7 @@ from services.simulator.scenario import Scenario
 from services.simulator.simulator import Simulator
 from services.simulator.sinks import PrometheusSink
 from tests.conftest import poll
-from tests.integration.test_ingest_stack import _component, _ingest, _TopicReader
+from tests.integration.test_ingest_stack import _component, _ingest, _scrape_and_remote_write, _TopicReader
 from tests.loki_standin import LokiStandIn
 
 pytestmark = pytest.mark.integration
@@ -100,21 +100,7 @@ def stack(kafka_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     tmp = tmp_path_factory.mktemp("prometheus")
     try:
         with _ingest(settings) as (ingest_url, _):
-            config = f"""
-global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: simulator
-    static_configs:
-      - targets: ["{target}"]
-remote_write:
-  - url: {ingest_url}/api/v1/write
-    queue_config:
-      batch_send_deadline: 1s
-      min_backoff: 100ms
-      max_backoff: 1s
-"""
+            config = _scrape_and_remote_write(target, ingest_url)
             with _component("prometheus", config, tmp) as port:
                 base = f"http://127.0.0.1:{port}"
 

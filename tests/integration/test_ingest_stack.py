@@ -102,6 +102,25 @@ def _metrics_endpoint() -> Iterator[str]:
         server.server_close()
 
 
+def _scrape_and_remote_write(target: str, ingest_url: str) -> str:
+    """A Prometheus config that scrapes ``target`` every second and remote-writes to the ingest app."""
+    return f"""
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: simulator
+    static_configs:
+      - targets: ["{target}"]
+remote_write:
+  - url: {ingest_url}/api/v1/write
+    queue_config:
+      batch_send_deadline: 1s
+      min_backoff: 100ms
+      max_backoff: 1s
+"""
+
+
 @contextlib.contextmanager
 def _component(name: str, config: str, tmp: Path) -> Iterator[int]:
     """Start Prometheus or Alertmanager through its infra/local script; stop it afterwards."""
@@ -153,22 +172,7 @@ def test_prometheus_scrapes_and_remote_writes_samples_intact_to_kafka(
     ensure_topics(settings)
     reader = _TopicReader(settings, MetricBatch.topic)
     with _ingest(settings) as (ingest_url, _), _metrics_endpoint() as target:
-        config = f"""
-global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: simulator
-    static_configs:
-      - targets: ["{target}"]
-remote_write:
-  - url: {ingest_url}/api/v1/write
-    queue_config:
-      batch_send_deadline: 1s
-      min_backoff: 100ms
-      max_backoff: 1s
-"""
-        with _component("prometheus", config, tmp_path):
+        with _component("prometheus", _scrape_and_remote_write(target, ingest_url), tmp_path):
 
             def arrived() -> dict[str, MetricBatch] | None:
                 batches = [MetricBatch.from_bytes(v) for v in reader.read()]
