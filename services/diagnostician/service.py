@@ -82,14 +82,15 @@ def start_change_feed(settings: Settings, doctor: Diagnostician, stop: threading
     ranker = doctor if isinstance(doctor, RankerDiagnostician) else getattr(doctor, "ranker", None)
     if not isinstance(ranker, RankerDiagnostician):
         return None
-    seed: dict[str, str] = {}
-    try:
-        from services.ingest.kube import api_client
+    if ranker.change_log is None:  # a log given by the caller keeps its own seed: no API call
+        seed: dict[str, str] = {}
+        try:
+            from services.ingest.kube import api_client
 
-        seed = current_replica_sets(api_client(settings))
-    except Exception as exc:  # no kubeconfig and not in a cluster: rollouts still come from the events
-        log.info("no Kubernetes API for the ReplicaSet seed (%s)", exc)
-    ranker.change_log = ranker.change_log or ChangeLog(seed)
+            seed = current_replica_sets(api_client(settings))
+        except Exception as exc:  # no kubeconfig and not in a cluster: rollouts still come from the events
+            log.info("no Kubernetes API for the ReplicaSet seed (%s)", exc)
+        ranker.change_log = ChangeLog(seed)
     feed = ChangeFeed(settings, ranker.change_log, lookback_s=settings.diagnostician_change_lookback_s)
     feed.start(stop)
     return feed
