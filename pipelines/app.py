@@ -12,7 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import TypeVar
 
+import aiokafka
 import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from pipelines.topics import Topics, declare_topics
 from services.core.errors import EventError
@@ -63,6 +65,35 @@ class Pipeline:
             return None
 
 
+class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's aiokafka consumer thread, with the fetch wait taken from our settings.
+
+    aiokafka sends at most one fetch request per broker at a time, naming only the partitions whose
+    fetched records have all been handed out. When every busy partition still has records buffered, the
+    request names only idle ones (the log and event topics, say) and the broker holds it for the whole
+    fetch wait; the busy partitions, drained meanwhile, wait behind it. Faust fixes that wait at 1500 ms,
+    which left a detect worker idle half the time when catching up and added up to 1.5 s of latency.
+    """
+
+    def _create_worker_consumer(self, transport: faust_aiokafka.Transport) -> aiokafka.AIOKafkaConsumer:
+        consumer = super()._create_worker_consumer(transport)
+        # read by AIOKafkaConsumer.start() when it builds its Fetcher; Faust offers no setting for it
+        consumer._fetch_max_wait_ms = getattr(transport, "fetch_max_wait_ms", 1500)
+        return consumer
+
+
+class _Consumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _Transport(faust_aiokafka.Transport):
+    """Faust's aiokafka transport with a configurable fetch wait (see :class:`_ConsumerThread`)."""
+
+    Consumer = _Consumer
+    fetch_max_wait_ms = 1500
+
+
 def create_pipeline(settings: Settings, *, app_id: str | None = None, web_enabled: bool = False) -> Pipeline:
     """Build the Faust app and declare every topic.
 
@@ -83,4 +114,7 @@ def create_pipeline(settings: Settings, *, app_id: str | None = None, web_enable
         autodiscover=False,
         datadir=str(settings.run_dir / "faust"),
     )
+    transport = _Transport(app.conf.broker_consumer, app)
+    transport.fetch_max_wait_ms = settings.faust_fetch_max_wait_ms
+    app.transport = transport  # before anything asks the app for its transport
     return Pipeline(app=app, topics=declare_topics(app, settings), settings=settings)

@@ -19,7 +19,8 @@ with :func:`plain` and comes back with the ``from_dict`` helpers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -198,6 +199,26 @@ def snapshots(batch: Iterable[Any], entity_label: str | None = None) -> Iterator
         entity_label: a label naming the entity (``UUID`` for DCGM, ``pod`` for vLLM); the
             batch's ``entity`` is used where the label is absent or empty.
     """
+    items = batch if isinstance(batch, Sequence) else list(batch)
+    if len(items) == 1 and isinstance(items[0], MetricBatch):
+        # the usual case: each rule detector is handed the same single scrape; group it once
+        last: dict[str | None, tuple[MetricBatch, list[Snapshot]]] = _LAST.__dict__.setdefault("grouped", {})
+        cached = last.get(entity_label)
+        if cached is None or cached[0] is not items[0]:
+            cached = (items[0], list(_group(items, entity_label)))
+            last[entity_label] = cached
+        yield from cached[1]
+        return
+    yield from _group(items, entity_label)
+
+
+# per thread, entity label -> (the last single MetricBatch grouped, its snapshots). MetricBatch is frozen
+# and the entry holds a reference to it, so the same object means the same samples. Detectors only read
+# snapshots.
+_LAST = threading.local()
+
+
+def _group(batch: Iterable[Any], entity_label: str | None) -> Iterator[Snapshot]:
     grouped: dict[tuple[str, float], dict[str, list[Sample]]] = {}
     for item in batch:
         if not isinstance(item, MetricBatch):

@@ -58,6 +58,14 @@ class Settings(BaseSettings):
     # Faust
     faust_app_id: str = Field(default="clustermedic", description="Faust application id (consumer group).")
     faust_web_port: int = Field(default=16066, description="Port of the Faust worker's web server.")
+    faust_fetch_max_wait_ms: int = Field(
+        default=100,
+        ge=1,
+        description=(
+            "Longest time the broker holds a Faust worker's fetch request when it has no new data. Faust's"
+            " own 1500 ms stalls a busy worker: a request naming only idle partitions blocks the next one."
+        ),
+    )
 
     detectors: str = Field(
         default="", description="Comma-separated detector registry names the detect role runs; empty: all."

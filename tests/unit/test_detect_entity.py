@@ -1,3 +1,5 @@
+import asyncio
+
 from pipelines.detect import DetectorSet, EntityDetection
 from pipelines.detectors.rules_xid import XidDetector
 from services.core.events import MetricBatch, Sample
@@ -47,3 +49,35 @@ def test_scrapes_at_their_usual_interval_keep_the_every_few_scrapes_rhythm() -> 
     entity = EntityDetection(DetectorSet.of([XidDetector()]), checkpoint_every=3, checkpoint_min_s=1.0)
     saved = [entity.on_batch(_batch(t * 15.0, 0), None, now=t * 15.0)[0] is not None for t in range(6)]
     assert saved == [False, False, True, False, False, True]
+
+
+def test_grouping_a_scrape_once_for_all_rule_detectors_keeps_each_label_and_batch_apart() -> None:
+    from pipelines.detectors.rules_common import snapshots
+
+    two_pods = MetricBatch(
+        entity="node-1",
+        samples=(
+            Sample(name="m", labels={"pod": "a"}, value=1, ts=15),
+            Sample(name="m", labels={"pod": "b"}, value=2, ts=15),
+        ),
+    )
+    by_pod = [(s.entity, s.value("m")) for s in snapshots([two_pods], entity_label="pod")]
+    by_gpu = [(s.entity, s.value("m")) for s in snapshots([two_pods], entity_label="UUID")]
+    assert by_pod == [("a", 1), ("b", 2)]
+    assert by_gpu == [("node-1", 1)], "no UUID label: the batch's entity, both samples in one snapshot"
+    assert [(s.entity, s.value("m")) for s in snapshots([two_pods], entity_label="pod")] == by_pod
+    # an equal-looking but different scrape is grouped anew, not served from the last one
+    later = two_pods.model_copy(update={"samples": (Sample(name="m", labels={"pod": "a"}, value=9, ts=30),)})
+    assert [(s.entity, s.ts, s.value("m")) for s in snapshots([later], entity_label="pod")] == [("a", 30, 9)]
+
+
+def test_faust_workers_fetch_with_the_configured_wait_not_faust_s_fixed_1500_ms() -> None:
+    from pipelines.app import create_pipeline
+    from services.core.settings import Settings
+
+    async def build() -> int:
+        app = create_pipeline(Settings(faust_fetch_max_wait_ms=42)).app
+        consumer = app.consumer._thread._create_worker_consumer(app.transport)  # built, not started
+        return int(consumer._fetch_max_wait_ms)
+
+    assert asyncio.run(build()) == 42
