@@ -201,11 +201,44 @@ class FeatureScorer:
         for detector in self.detectors:
             self.states[detector.name], found = detector.detect(batch, self.states[detector.name])
             anomalies.extend(found)
-        return anomalies
+        return merge_learned(anomalies)
 
     def flush(self) -> list[Anomaly]:
         """Score everything buffered, in the calling thread."""
         return self.score(self.take())
+
+
+def merge_learned(anomalies: Sequence[Anomaly]) -> list[Anomaly]:
+    """One anomaly per entity and scrape from the learned detectors, the others' verdicts as its evidence.
+
+    The isolation forest and the LSTM read the same feature vectors; when both flag the same scrape they
+    saw one thing, which is one anomaly (the first, in detector order) ``corroborated_by`` the other.
+    Other detectors' anomalies pass through unchanged.
+    """
+    out: list[Anomaly] = []
+    first: dict[tuple[str, float], int] = {}
+    for anomaly in anomalies:
+        key = (anomaly.entity, anomaly.ts)
+        if anomaly.detector not in LEARNED or anomaly.status != "firing":
+            out.append(anomaly)
+        elif key not in first:
+            first[key] = len(out)
+            out.append(anomaly)
+        else:
+            kept = out[first[key]]
+            also = [*kept.evidence.get("corroborated_by", []), _verdict(anomaly)]
+            out[first[key]] = kept.model_copy(update={"evidence": {**kept.evidence, "corroborated_by": also}})
+    return out
+
+
+def _verdict(anomaly: Anomaly) -> dict[str, Any]:
+    return {
+        "detector": anomaly.detector,
+        "signal": anomaly.signal,
+        "score": anomaly.score,
+        "threshold": anomaly.threshold,
+        **{k: v for k, v in anomaly.evidence.items() if k != "features"},
+    }
 
 
 def register_detect(

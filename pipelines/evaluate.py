@@ -6,7 +6,9 @@ evaluation over hours of simulated time takes seconds. The integration tests run
 through the real broker.
 
 For each fault the report gives the first anomaly on the right entity (the fault's GPU, pod, node or
-deployment, directly or through an anomaly's topology labels) and its delay after onset, and which share
+deployment, directly or through an anomaly's topology labels; for a bad rollout, a pod of the new
+ReplicaSet) and its delay after onset (for a bad rollout, after the new revision's first pod is Ready:
+see :func:`symptom_onset`), and which share
 of the anomalies raised in the minute after onset point at that entity; for fault-free runs, anomalies
 per entity-hour (every firing anomaly of a fault-free run is a false positive).
 
@@ -83,12 +85,32 @@ class OfflineDetect:
         return anomalies
 
 
+def symptom_onset(fault: Any) -> float:
+    """When the fault's effect can first reach telemetry: its onset, except for a bad rollout.
+
+    A bad rollout starts with a change, not a symptom: the slow revision's first pod serves only after
+    its model has loaded (about 105 s for the 70B replicas). Its clock starts at that pod's first Ready
+    second, which the simulator records.
+    """
+    serving_at = fault.state.get("serving_at") if fault.type == "bad_rollout" else None
+    return float(serving_at) if serving_at is not None else float(fault.started_at)
+
+
 def matches(fault: Any, anomaly: Anomaly) -> bool:
-    """Whether an anomaly points at the fault's entity, directly or through topology labels."""
+    """Whether an anomaly points at the fault's entity, directly or through topology labels.
+
+    A bad rollout's entity is the new revision: a pod of its ReplicaSet, not the Deployment's old pods
+    (whose GPUs go idle as they are replaced).
+    """
     target, kind = fault.entity, fault.entity_kind
     if not target:
         return False
     labels = anomaly.labels
+    rollout = getattr(fault, "type", "") == "bad_rollout"
+    replica_set = getattr(fault, "state", {}).get("replica_set") if rollout else None
+    if replica_set:
+        prefix = replica_set + "-"
+        return anomaly.entity.startswith(prefix) or labels.get("pod", "").startswith(prefix)
     if anomaly.entity == target or target in labels.values():
         return True
     if kind == "deployment":
@@ -106,7 +128,7 @@ class FaultResult:
     fault_id: str
     fault_type: str
     entity: str
-    onset: float
+    onset: float  # when the fault's symptom can first be seen (see symptom_onset); delays count from it
     first_anomaly: str | None = None
     delay_s: float | None = None
     early_anomalies: int = 0  # firing anomalies raised within the judging window after onset
@@ -129,6 +151,19 @@ class ScenarioResult:
     anomalies: list[tuple[float, Anomaly]] = field(default_factory=list)
     entities: set[str] = field(default_factory=set)  # every entity that reported telemetry
     first_seen: dict[str, float] = field(default_factory=dict)  # entity -> simulated second of its first scrape
+    requests: float = 0.0  # requests that arrived (the simulator's ground truth)
+    failed: float = 0.0  # of which failed: aborted, errored or lost in a crash
+    availability_objective: float = 0.999  # the scenario's availability SLO
+
+    @property
+    def slo_breached(self) -> bool:
+        """Whether the run failed more requests than its availability SLO allows: a real incident.
+
+        A run with no planted fault can still have one: a traffic burst beyond the fleet's capacity
+        aborts requests. Its anomalies are true alarms, so fault-free figures leave such runs out
+        (and :func:`summarise` lists them).
+        """
+        return self.requests > 0 and self.failed / self.requests > 1.0 - self.availability_objective
 
     def firing_by_entity(self) -> dict[str, int]:
         """Firing anomalies per entity."""
@@ -174,20 +209,24 @@ def run_scenario(
                     result.first_seen[event.entity] = t
             for anomaly in offline.feed(events):
                 result.anomalies.append((t, anomaly))
+        result.requests = float(sum(r.arrivals for r in sim.grader.records))
+        result.failed = float(sum(r.errors for r in sim.grader.records))
+        result.availability_objective = spec.slo.availability
         for fault in sim.fault_list():
             if fault.started_at is None:
                 continue
-            fr = FaultResult(scenario, seed, fault.id, fault.type, fault.entity, fault.started_at)
+            onset = symptom_onset(fault)
+            fr = FaultResult(scenario, seed, fault.id, fault.type, fault.entity, onset)
             for t, anomaly in result.anomalies:
-                if t < fault.started_at or anomaly.status != "firing":
+                if t < onset or anomaly.status != "firing":
                     continue
                 hit = matches(fault, anomaly)
-                if t - fault.started_at <= within_s:
+                if t - onset <= within_s:
                     fr.early_anomalies += 1
                     fr.early_on_target += hit
                 if hit and fr.delay_s is None:
                     fr.first_anomaly = f"{anomaly.detector}/{anomaly.signal}"
-                    fr.delay_s = t - fault.started_at
+                    fr.delay_s = t - onset
             result.faults.append(fr)
     finally:
         sim.close()
@@ -229,7 +268,9 @@ def summarise(results: Sequence[ScenarioResult], within_s: float = 60.0) -> dict
     delays (p50, max) are over the faults detected at all, so a late detection still shows how late.
     ``right_entity_rate`` is the share of all anomalies fired in the ``within_s`` after onset that point
     at the fault's entity. Fault-free runs report firing anomalies per entity-hour over all entities
-    (``false_positives_per_entity_hour``) and for the noisiest entity of the noisiest run.
+    (``false_positives_per_entity_hour``) and for the noisiest entity of the noisiest run. A run with no
+    planted fault that broke its availability SLO (``ScenarioResult.slo_breached``) had a real incident:
+    it is listed under ``overloaded_runs`` and left out of the false-positive figures.
     """
     by_type: dict[str, list[FaultResult]] = defaultdict(list)
     for r in results:
@@ -252,8 +293,21 @@ def summarise(results: Sequence[ScenarioResult], within_s: float = 60.0) -> dict
             "right_entity_rate": round(sum(f.early_on_target for f in faults) / early, 4) if early else None,
             "first_signals": sorted({f.first_anomaly for f in faults if f.first_anomaly}),
         }
-    quiet = [r for r in results if not r.faults]
-    fault_free: dict[str, Any] = {"runs": len(quiet)}
+    no_fault = [r for r in results if not r.faults]
+    quiet = [r for r in no_fault if not r.slo_breached]
+    fault_free: dict[str, Any] = {
+        "runs": len(quiet),
+        # runs with no planted fault whose traffic still broke the availability SLO: real incidents
+        "overloaded_runs": {
+            f"{r.scenario}/seed={r.seed}": {
+                "failed_share": round(r.failed / r.requests, 4),
+                "anomalies": sum(r.firing_by_entity().values()),
+                "max_per_entity_hour": round(r.per_entity_hour(), 3),
+            }
+            for r in no_fault
+            if r.slo_breached
+        },
+    }
     if quiet:
         hours = sum(r.duration_s for r in quiet) / 3600.0
         entity_hours = sum(len(r.entities) * r.duration_s / 3600.0 for r in quiet)

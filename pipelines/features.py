@@ -11,6 +11,7 @@ Pure and clock-free: what it remembers between scrapes lives in :class:`FeatureS
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,21 @@ _HISTOGRAMS: dict[str, tuple[tuple[str, float], ...]] = {
     "vllm:e2e_request_latency_seconds": (("e2e_p99_s", 0.99),),
 }
 _ERROR_REASONS = frozenset({"abort", "error"})
+# Exact interval means from a histogram's ``_sum`` and ``_count``: (feature, observations feature). They
+# ride in ``FeatureVector.values`` beside the fixed rows (``as_row`` leaves them out, so stored models keep
+# their shape); the revision rule compares them across a Deployment's ReplicaSets.
+_MEANS: dict[str, tuple[str, str]] = {
+    "vllm:time_to_first_token_seconds": ("ttft_mean_s", "ttft_observations"),
+    "vllm:time_per_output_token_seconds": ("tpot_mean_s", "tpot_observations"),
+    "vllm:inter_token_latency_seconds": ("tpot_mean_s", "tpot_observations"),
+    "vllm:e2e_request_latency_seconds": ("e2e_mean_s", "e2e_observations"),
+}
+_MEAN_PARTS: dict[str, str] = {f"{h}{part}": h for h in _MEANS for part in ("_sum", "_count")}
+# A Deployment's pods are named <deployment>-<pod-template-hash>-<5 random characters>, and its
+# ReplicaSet <deployment>-<pod-template-hash>: the hash names the revision.
+_DEPLOYMENT_POD = re.compile(
+    r"^(?P<replica_set>(?P<deployment>[a-z0-9][a-z0-9.-]*)-[bcdfghjklmnpqrstvwxz2456789]{5,10})-[a-z0-9]{5}$"
+)
 
 
 @dataclass
@@ -147,12 +163,16 @@ def extract(batch: MetricBatch, state: FeatureState) -> tuple[FeatureState, Feat
             reason = sample.labels.get("finished_reason", "")
             key = f"{name}|{'fail' if reason in _ERROR_REASONS else 'ok'}"
             counters[key] = counters.get(key, 0.0) + sample.value
+        elif name in _MEAN_PARTS:
+            counters[name] = counters.get(name, 0.0) + sample.value
         elif name.endswith("_bucket") and name[: -len("_bucket")] in _HISTOGRAMS:
             le = sample.labels.get("le", "+Inf")
             per_le = buckets.setdefault(name[: -len("_bucket")], {})
             per_le[le] = per_le.get(le, 0.0) + sample.value
     if fb_used is not None and fb_free is not None and fb_used + fb_free > 0:
         values["mem_used_frac"] = fb_used / (fb_used + fb_free)
+    if cls == "pod":
+        labels.update(revision_labels(labels.get("pod", "") or batch.entity))
     new_state = FeatureState(last_ts=ts, counters=counters, buckets=buckets)
     if state.last_ts is None or ts <= state.last_ts:
         return new_state, None
@@ -165,6 +185,13 @@ def extract(batch: MetricBatch, state: FeatureState) -> tuple[FeatureState, Feat
         ok = _increase(state.counters.get(ok_key, 0.0), counters.get(ok_key, 0.0))
         failed = _increase(state.counters.get(fail_key, 0.0), counters.get(fail_key, 0.0))
         values["error_rate"] = failed / (ok + failed) if ok + failed > 0 else 0.0
+    for hist, (feature, observations) in _MEANS.items():
+        total, count = f"{hist}_sum", f"{hist}_count"
+        if total in counters and count in counters and total in state.counters and count in state.counters:
+            n = _increase(state.counters[count], counters[count])
+            values[observations] = n
+            if n > 0:
+                values[feature] = _increase(state.counters[total], counters[total]) / n
     for hist, per_le in buckets.items():
         before = state.buckets.get(hist, {})
         deltas = {le: _increase(before.get(le, 0.0), count) for le, count in per_le.items()}
@@ -173,6 +200,14 @@ def extract(batch: MetricBatch, state: FeatureState) -> tuple[FeatureState, Feat
             if quantile is not None:
                 values[feature] = quantile
     return new_state, FeatureVector(batch.entity, cls, ts, values, labels)
+
+
+def revision_labels(pod: str) -> dict[str, str]:
+    """``deployment`` and ``replica_set`` (the revision) of a Deployment's pod, from its name; {} otherwise."""
+    match = _DEPLOYMENT_POD.match(pod)
+    if match is None:
+        return {}
+    return {"deployment": match["deployment"], "replica_set": match["replica_set"]}
 
 
 def _increase(before: float, now: float) -> float:

@@ -344,6 +344,11 @@ def detect_evaluate(
             f"{quiet['false_positives_per_entity_hour']} per entity-hour; noisiest entity "
             f"{quiet['max_per_entity_hour']} per hour"
         )
+    for run, breach in quiet["overloaded_runs"].items():
+        console.print(
+            f"evaluate: {run} had no planted fault but failed {breach['failed_share']:.2%} of its requests "
+            f"(over its availability SLO): {breach['anomalies']} anomalies, counted as true alarms"
+        )
     print(json.dumps(summary, indent=2))
 
 

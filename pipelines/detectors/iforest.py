@@ -65,6 +65,87 @@ FALLBACK_LOG_FEATURES = frozenset(
 )
 """Features the fallback compares on a log scale (they move by factors); the others move by amounts."""
 
+LOAD_FEATURES: dict[str, dict[str, int]] = {
+    "pod": {"prompt_tokens_per_s": +1, "requests_running": +1, "requests_waiting": +1},
+    "gpu": {"gpu_util": 0, "power_w": 0},
+}
+"""An entity's load, and the direction that counts (+1 up, 0 either way): a pod's offered traffic rising,
+a GPU's utilisation or power draw moving (a busier or idler GPU; a throttled GPU draws less power while
+its temperature rises, which the thermal rules judge)."""
+LOAD_DRIVEN: dict[str, frozenset[str]] = {
+    "pod": frozenset(
+        {
+            "kv_cache_usage",
+            "requests_waiting",
+            "requests_running",
+            "ttft_p50_s",
+            "ttft_p99_s",
+            "tpot_p50_s",
+            "e2e_p99_s",
+            "prompt_tokens_per_s",
+            "generation_tokens_per_s",
+            "preemptions_per_s",
+        }
+    ),
+    "gpu": frozenset({"gpu_util", "power_w", "temp_c", "sm_clock_mhz"}),
+}
+"""What a load change moves on a healthy entity: a pod's queues, cache, batch sizes and with them its
+latencies; a GPU's power, temperature and clocks. Memory use and the error rate are not among them."""
+
+
+LOAD_MIN_HISTORY = 8
+"""Scrapes of an entity's past (two minutes) before a load change can be told from its history."""
+
+
+def recent_z(names: Sequence[str], past: Matrix, row: Matrix | Sequence[float], min_scale: float = 0.25) -> np.ndarray:
+    """Signed robust z of ``row`` against an entity's ``past`` rows, feature by feature (0 where unknown).
+
+    Latencies, queues and rates (:data:`FALLBACK_LOG_FEATURES`) move by factors and are compared as
+    ``log(1 + value / unit)`` with a spread of at least ``min_scale``; bounded gauges move by amounts and
+    are compared as they are, with a spread of at least one ``unit`` (:data:`FALLBACK_UNITS`). A raw
+    median/MAD z made a queue that is usually empty, or a p99 stuck in one histogram bucket, a
+    thousand-sigma event on every traffic burst.
+    """
+    units = np.array([FALLBACK_UNITS.get(name, 1.0) for name in names], dtype=np.float64)
+    logged = np.array([name in FALLBACK_LOG_FEATURES for name in names], dtype=bool)
+    past_arr, row_arr = np.asarray(past, dtype=np.float64), np.asarray(row, dtype=np.float64)
+    past_t = np.where(logged, np.log1p(np.maximum(past_arr, 0.0) / units), past_arr)
+    row_t = np.where(logged, np.log1p(np.maximum(row_arr, 0.0) / units), row_arr)
+    with warnings.catch_warnings():  # a feature never seen yet is an all-NaN column: z = 0
+        warnings.simplefilter("ignore", RuntimeWarning)
+        median = np.nanmedian(past_t, axis=0)
+        mad = np.nan_to_num(np.nanmedian(np.abs(past_t - median), axis=0), nan=0.0) * MAD_TO_SIGMA
+    scale = np.maximum(mad, np.where(logged, min_scale, units))
+    return np.asarray(np.nan_to_num((row_t - median) / scale, nan=0.0), dtype=np.float64)
+
+
+OVERLOAD_QUEUE = 10.0
+"""A pod with this many requests waiting is over its capacity, whatever its history (the queue rule's
+``queue_min_waiting``)."""
+
+
+def load_explained(
+    entity_class: str, names: Sequence[str], z: np.ndarray, load_z: float, row: Sequence[float] | None = None
+) -> np.ndarray | None:
+    """Features a load change explains, as a mask over ``names``; None when the load did not move.
+
+    ``z`` is :func:`recent_z` of the row. The load moved when one of the class's :data:`LOAD_FEATURES`
+    is ``load_z`` or more robust sigmas from the entity's recent median, in the direction that counts,
+    or (given the raw ``row``) when a pod's queue holds :data:`OVERLOAD_QUEUE` requests or more.
+    """
+    driven = np.array([n in LOAD_DRIVEN.get(entity_class, ()) for n in names], dtype=bool)
+    if row is not None and entity_class == "pod" and "requests_waiting" in names:
+        waiting = float(row[list(names).index("requests_waiting")])
+        if waiting >= OVERLOAD_QUEUE:  # NaN compares false
+            return driven
+    for name, direction in LOAD_FEATURES.get(entity_class, {}).items():
+        if name not in names:
+            continue
+        shift = float(z[list(names).index(name)])
+        if (shift if direction > 0 else abs(shift)) >= load_z:
+            return driven
+    return None
+
 
 @dataclass(frozen=True)
 class TrainedIForest:
@@ -166,6 +247,11 @@ class IsolationForestDetector:
         fallback_min_scale: the smallest spread the fallback assumes on the log scale (default 0.25:
             a latency must move by a factor of e^2, about 7, to reach ``fallback_z`` = 8 on a series
             that never moved; a 15-second p99 sits in one histogram bucket for minutes, then jumps).
+        load_z: when an entity's load (:data:`LOAD_FEATURES`: a pod's traffic up, a GPU's utilisation
+            either way) is this many robust sigmas from its recent median, the verdict (model or fallback)
+            leaves out the features a load change moves (:data:`LOAD_DRIVEN`) and judges the rest (a
+            pod's error rate, a GPU's memory): a traffic burst or an idle spell is not a fault, and when a
+            burst saturates a pod the queue, cache and SLO rules say so with calibrated limits.
 
     The fallback compares each feature with the entity's recent median: latencies, queues and rates
     (:data:`FALLBACK_LOG_FEATURES`) as ``log(1 + value / unit)``, bounded gauges as they are, where
@@ -185,6 +271,7 @@ class IsolationForestDetector:
         fallback_z: float = 8.0,
         fallback_history: int = 40,
         fallback_min_scale: float = 0.25,
+        load_z: float = 3.0,
     ) -> None:
         self.models = dict(models or {})
         self.episodes = episodes or EpisodePolicy()
@@ -192,6 +279,7 @@ class IsolationForestDetector:
         self.fallback_z = fallback_z
         self.fallback_history = fallback_history
         self.fallback_min_scale = fallback_min_scale
+        self.load_z = load_z
 
     def initial_state(self) -> IForestState:
         """No entity seen yet."""
@@ -206,13 +294,24 @@ class IsolationForestDetector:
         for cls, vectors in by_class.items():
             names = FEATURES_BY_CLASS[cls]
             rows = np.array([v.as_row() for v in vectors], dtype=np.float64)
+            recent = [self._recent(vector, row, names, state) for vector, row in zip(vectors, rows, strict=True)]
+            explained = [
+                None if z is None else load_explained(cls, names, z[1], self.load_z, row)
+                for z, row in zip(recent, rows, strict=True)
+            ]
             model = self.models.get(cls)
             if model is not None:
                 scores = model.normalised(rows, self.z_limit)
                 thresholds = np.ones(len(vectors))
                 deviations = [model.scaler.top_deviations(row, names) for row in rows]
+                if any(mask is not None for mask in explained):
+                    trained_z = np.abs(model.scaler.transform(rows))
+                    for i, mask in enumerate(explained):
+                        if mask is not None:
+                            # the forest weighs every feature at once: judge only what the load does not explain
+                            scores[i] = float(np.where(mask, 0.0, trained_z[i]).max()) / self.z_limit
             else:
-                scores, thresholds, deviations = self._fallback(vectors, rows, names, state)
+                scores, thresholds, deviations = self._fallback(names, recent, explained)
             for vector, row, score, threshold, deviation in zip(
                 vectors, rows, scores, thresholds, deviations, strict=True
             ):
@@ -222,41 +321,34 @@ class IsolationForestDetector:
                     anomalies.append(self._anomaly(vector, float(score), float(threshold), deviation, model))
         return state, anomalies
 
-    @staticmethod
-    def _units(names: tuple[str, ...]) -> np.ndarray:
-        return np.array([FALLBACK_UNITS.get(name, 1.0) for name in names], dtype=np.float64)
-
-    @staticmethod
-    def _logged(names: tuple[str, ...]) -> np.ndarray:
-        return np.array([name in FALLBACK_LOG_FEATURES for name in names], dtype=bool)
+    def _recent(
+        self, vector: FeatureVector, row: np.ndarray, names: Sequence[str], state: IForestState
+    ) -> tuple[int, np.ndarray] | None:
+        """How many recent rows the entity has, and the row's signed z against them (None before 8)."""
+        history = state.entities.get(vector.entity)
+        if history is None or len(history.rows) < LOAD_MIN_HISTORY:
+            return None
+        past = np.array(history.rows, dtype=np.float64)
+        return len(past), recent_z(names, past, row, self.fallback_min_scale)
 
     def _fallback(
-        self, vectors: Sequence[FeatureVector], rows: Matrix, names: tuple[str, ...], state: IForestState
+        self,
+        names: tuple[str, ...],
+        recent: Sequence[tuple[int, np.ndarray] | None],
+        explained: Sequence[np.ndarray | None],
     ) -> tuple[np.ndarray, np.ndarray, list[dict[str, float]]]:
-        scores = np.zeros(len(vectors))
+        scores = np.zeros(len(recent))
         deviations: list[dict[str, float]] = []
-        for i, (vector, row) in enumerate(zip(vectors, rows, strict=True)):
-            history = state.entities.get(vector.entity)
-            past = np.array(history.rows, dtype=np.float64) if history and history.rows else np.empty((0, len(names)))
-            if len(past) < self.fallback_history // 2:
+        for i, (seen, mask) in enumerate(zip(recent, explained, strict=True)):
+            if seen is None or seen[0] < self.fallback_history // 2:  # too little past to judge
                 deviations.append({})
                 continue
-            # Latencies, queues and rates move by factors: compare them on a log scale, so a queue that
-            # is usually empty does not make every request it ever holds a thousand-sigma event.
-            # Bounded gauges (temperature, utilisation, power) move by amounts: linear scale.
-            units, logged = self._units(names), self._logged(names)
-            past_t = np.where(logged, np.log1p(np.maximum(past, 0.0) / units), past)
-            row_t = np.where(logged, np.log1p(np.maximum(row, 0.0) / units), row)
-            with warnings.catch_warnings():  # a feature never seen yet is an all-NaN column: z = 0
-                warnings.simplefilter("ignore", RuntimeWarning)
-                median = np.nanmedian(past_t, axis=0)
-                mad = np.nan_to_num(np.nanmedian(np.abs(past_t - median), axis=0), nan=0.0) * MAD_TO_SIGMA
-            scale = np.maximum(mad, np.where(logged, self.fallback_min_scale, units))
-            z = np.nan_to_num(np.abs(row_t - median) / scale, nan=0.0)
+            signed = seen[1]
+            z = np.abs(signed) if mask is None else np.where(mask, 0.0, np.abs(signed))
             scores[i] = float(z.max())
             order = np.argsort(-z)[:3]
             deviations.append({names[j]: round(float(z[j]), 2) for j in order if z[j] > 0})
-        return scores, np.full(len(vectors), self.fallback_z), deviations
+        return scores, np.full(len(recent), self.fallback_z), deviations
 
     def _anomaly(
         self,

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pipelines.detectors.episodes import Episode, EpisodePolicy
-from pipelines.detectors.iforest import topology_labels
+from pipelines.detectors.iforest import load_explained, recent_z, topology_labels
 from pipelines.detectors.scaling import Matrix, RobustScaler
 from pipelines.features import FEATURES_BY_CLASS, FeatureVector
 from services.core.events import Anomaly, EntityKind
@@ -157,16 +157,25 @@ class LstmDetector:
         models: trained models by entity class.
         episodes: warm-up, persistence and re-arming (see pipelines.detectors.episodes); the warm-up
             counts full windows, so it starts after ``window`` scrapes.
+        load_z: a window in which the entity's load moved this many robust sigmas from its first row
+            (measured with the least spreads of :func:`pipelines.detectors.iforest.recent_z`), or a pod was
+            overloaded (see :func:`pipelines.detectors.iforest.load_explained`), gets no verdict: the
+            sequence a traffic burst or an idle spell draws is not a fault.
     """
 
     name: ClassVar[str] = "lstm"
     consumes: ClassVar[type] = FeatureVector
 
     def __init__(
-        self, models: Mapping[str, TrainedLSTM] | None = None, *, episodes: EpisodePolicy | None = None
+        self,
+        models: Mapping[str, TrainedLSTM] | None = None,
+        *,
+        episodes: EpisodePolicy | None = None,
+        load_z: float = 3.0,
     ) -> None:
         self.models = dict(models or {})
         self.episodes = episodes or EpisodePolicy(warmup=4)
+        self.load_z = load_z
 
     def initial_state(self) -> LstmState:
         """No entity seen yet."""
@@ -189,9 +198,21 @@ class LstmDetector:
         for cls, items in ready.items():
             model = self.models[cls]
             scores = model.score_segments([segment for _, segment in items])
+            names = FEATURES_BY_CLASS[cls]
             for (vector, segment), score in zip(items, scores, strict=True):
                 episode = state.episodes.setdefault(vector.entity, Episode())
-                if episode.update(bool(score > model.threshold), self.episodes):
+                # every later row of the window against its first: a burst or an idle spell anywhere in
+                # the window shapes the whole sequence the model judges
+                moved = next(
+                    (
+                        mask
+                        for row in segment[1:]
+                        if (mask := load_explained(cls, names, recent_z(names, segment[:1], row), self.load_z, row))
+                        is not None
+                    ),
+                    None,
+                )
+                if episode.update(bool(score > model.threshold) and moved is None, self.episodes):
                     anomalies.append(self._anomaly(vector, float(score), model, segment))
         return state, anomalies
 

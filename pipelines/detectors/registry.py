@@ -14,6 +14,7 @@ DETECTORS: Registry[type] = Registry(
         "gpu_rules": "pipelines.detectors.rules_gpu:GpuRuleDetector",
         "serving_rules": "pipelines.detectors.rules_serving:ServingRuleDetector",
         "slo_burn": "pipelines.detectors.rules_slo:SloBurnDetector",
+        "revision_rules": "pipelines.detectors.rules_revision:RevisionDetector",
         "kube_events": "pipelines.detectors.rules_kube:KubeEventDetector",
     },
 )

@@ -84,6 +84,7 @@ ANOMALY_SIGNALS: frozenset[str] = frozenset(
         "metric_outlier",
         "sequence_anomaly",
         "latency_regression",
+        "revision_regression",
         "network_latency",
     }
 )

@@ -42,7 +42,7 @@ TOPOLOGY_LABELS: tuple[str, ...] = ("cluster", "node", "gpu", "pod", "model", "n
 _NODE_LABELS = ("node", "Hostname", "hostname", "instance")
 _GPU_LABELS = ("gpu", "UUID", "gpu_uuid")
 CHANGE_REASONS = frozenset({"ScalingReplicaSet", "SuccessfulCreate", "RollingUpdate", "Rollout", "DeploymentRollback"})
-CHANGE_SIGNALS = frozenset({"latency_regression"})
+CHANGE_SIGNALS = frozenset({"latency_regression", "revision_regression"})
 LOG_DETECTORS = frozenset({"log_templates", "logtemplates"})
 EVENT_DETECTORS = frozenset({"kube_events", "k8s_events", "events"})
 _XID_IN_LINE = re.compile(r"Xid \((?:PCI:)?[^)]*\): (\d+)")
@@ -81,7 +81,8 @@ EVIDENCE_KEY_METRICS: dict[str, str] = {
     "error_ratio": "vllm:request_success_total",
     "used_mib": "DCGM_FI_DEV_FB_USED",
 }
-# Latency findings (rules_serving's latency_regression) name which latency regressed under ``slower``.
+# Latency findings (rules_serving's latency_regression, rules_revision's revision_regression) name which
+# latency regressed under ``slower``.
 SLOWER_METRICS: dict[str, str] = {
     "ttft": "vllm:time_to_first_token_seconds",
     "tpot": "vllm:inter_token_latency_seconds",

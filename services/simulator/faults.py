@@ -603,9 +603,15 @@ class FaultEngine:
         self.cluster.rollout(dep, None, None, t)
         dep.latency_factor = float(f.params["latency_factor"])
         f.state["revision"] = dep.revision
+        f.state["replica_set"] = f"{dep.name}-{dep.template_hash}"
 
     def _apply_bad_rollout(self, f: Fault, t: float, dt: float) -> None:
         dep = self.cluster.deployments[f.entity]
+        if "serving_at" not in f.state and any(
+            p.ready and p.revision == f.state["revision"] for p in self.cluster.pods_of(dep.name)
+        ):
+            # the slow revision's first Ready pod: its symptom can reach telemetry from here on
+            f.state["serving_at"] = t
         if dep.revision != f.state["revision"] and dep.latency_factor <= 1.0:
             f.state.setdefault("fixed_at", t)
             if not any(p.revision != dep.revision for p in self.cluster.pods_of(dep.name)):

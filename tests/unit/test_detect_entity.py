@@ -81,3 +81,33 @@ def test_faust_workers_fetch_with_the_configured_wait_not_faust_s_fixed_1500_ms(
         return int(consumer._fetch_max_wait_ms)
 
     assert asyncio.run(build()) == 42
+
+
+def test_the_forest_and_the_lstm_flagging_one_scrape_make_one_anomaly() -> None:
+    from pipelines.detect import merge_learned
+    from services.core.events import Anomaly
+
+    def anomaly(detector: str, entity: str, ts: float, signal: str = "metric_outlier") -> Anomaly:
+        return Anomaly(
+            entity=entity, entity_kind="gpu", signal=signal, detector=detector, score=2.0, threshold=1.0,
+            severity="warning", ts=ts, evidence={"top": {"temp_c": 9.0}}, fingerprint=f"{detector}/{entity}",
+        )
+
+    merged = merge_learned(
+        [
+            anomaly("iforest", "GPU-1", 15.0),
+            anomaly("iforest", "GPU-2", 15.0),
+            anomaly("lstm", "GPU-1", 15.0, "sequence_anomaly"),
+            anomaly("lstm", "GPU-1", 30.0, "sequence_anomaly"),  # a later scrape: its own anomaly
+            anomaly("revision_rules", "GPU-1", 15.0, "revision_regression"),  # not a learned detector
+        ]
+    )
+    assert [(a.detector, a.entity, a.ts) for a in merged] == [
+        ("iforest", "GPU-1", 15.0),
+        ("iforest", "GPU-2", 15.0),
+        ("lstm", "GPU-1", 30.0),
+        ("revision_rules", "GPU-1", 15.0),
+    ]
+    (also,) = merged[0].evidence["corroborated_by"]
+    assert also["detector"] == "lstm" and also["signal"] == "sequence_anomaly" and also["top"] == {"temp_c": 9.0}
+    assert "corroborated_by" not in merged[1].evidence

@@ -74,3 +74,38 @@ def test_histogram_quantile_interpolates_like_prometheus(q, expected):
 def test_histogram_quantile_of_nothing_is_none_and_inf_bucket_caps():
     assert histogram_quantile(0.5, [("1", 0.0), ("+Inf", 0.0)]) is None
     assert histogram_quantile(0.99, [("1", 1.0), ("+Inf", 100.0)]) == 1.0
+
+
+def _latency_batch(pod: str, ts: float, tpot_sum: float, tokens: float) -> MetricBatch:
+    labels = {"pod": pod, "model_name": "llama"}
+    return MetricBatch(
+        entity=pod,
+        samples=(
+            Sample(name="vllm:time_per_output_token_seconds_sum", labels=labels, value=tpot_sum, ts=ts),
+            Sample(name="vllm:time_per_output_token_seconds_count", labels=labels, value=tokens, ts=ts),
+        ),
+    )
+
+
+def test_interval_means_come_from_sum_and_count_and_stay_out_of_the_model_rows():
+    pod = "llama-70b-7d9f8b6c5d-x2x9q"
+    state, _ = extract(_latency_batch(pod, 0, 10.0, 400), FeatureState())
+    state, vector = extract(_latency_batch(pod, 15, 16.0, 500), state)
+    assert vector is not None
+    assert vector.values["tpot_mean_s"] == pytest.approx(6.0 / 100)
+    assert vector.values["tpot_observations"] == 100
+    assert len(vector.as_row()) == 11  # stored models keep their shape
+    assert vector.labels["deployment"] == "llama-70b" and vector.labels["replica_set"] == "llama-70b-7d9f8b6c5d"
+    # an interval without tokens has no mean, and a restarted pod's counters count from zero
+    state, idle = extract(_latency_batch(pod, 30, 16.0, 500), state)
+    assert idle is not None and "tpot_mean_s" not in idle.values and idle.values["tpot_observations"] == 0
+    _, restarted = extract(_latency_batch(pod, 45, 1.0, 10), state)
+    assert restarted is not None and restarted.values["tpot_mean_s"] == pytest.approx(0.1)
+
+
+def test_only_deployment_pod_names_get_revision_labels():
+    from pipelines.features import revision_labels
+
+    assert revision_labels("web-5d4f8c7b9-abcde") == {"deployment": "web", "replica_set": "web-5d4f8c7b9"}
+    assert revision_labels("postgres-0") == {}
+    assert revision_labels("gpu-node-000") == {}

@@ -103,3 +103,55 @@ def test_fallback_takes_a_usual_queue_blip_calmly_but_not_a_tenfold_latency():
     assert anomalies == []
     state, anomalies = detector.detect([_pod(315.0, 0.0, 12.0)], state)  # sixteen times the p99
     assert len(anomalies) == 1 and "ttft_p99_s" in anomalies[0].evidence["top_deviations"]
+
+
+def _burst(ts: float, factor: float, ttft_p99: float, error_rate: float = 0.0) -> FeatureVector:
+    vector = _pod(ts, 0.0 if factor == 1 else 4.0 * factor, ttft_p99)
+    values = {
+        **vector.values,
+        "prompt_tokens_per_s": 900.0 * factor,
+        "requests_running": 8.0 * factor,
+        "error_rate": error_rate,
+    }
+    return FeatureVector(vector.entity, "pod", ts, values, vector.labels)
+
+
+def test_a_traffic_burst_explains_slower_requests_but_not_failing_ones():
+    detector = IsolationForestDetector(episodes=EpisodePolicy(warmup=0, persistence=1), fallback_history=20)
+    state = detector.initial_state()
+    for t in range(20):
+        state, _ = detector.detect([_burst(t * 15.0, 1.0, 0.75)], state)
+    # four times the traffic: the p99 is sixteen times higher, the queue long; that is what load does
+    state, anomalies = detector.detect([_burst(300.0, 4.0, 12.0)], state)
+    assert anomalies == []
+    # the same burst failing a fifth of its requests is not explained by load
+    state, anomalies = detector.detect([_burst(315.0, 4.0, 12.0, error_rate=0.2)], state)
+    assert len(anomalies) == 1 and list(anomalies[0].evidence["top_deviations"]) == ["error_rate"]
+
+
+def test_the_same_latency_at_the_usual_load_is_still_an_outlier():
+    detector = IsolationForestDetector(episodes=EpisodePolicy(warmup=0, persistence=1), fallback_history=20)
+    state = detector.initial_state()
+    for t in range(20):
+        state, _ = detector.detect([_burst(t * 15.0, 1.0, 0.75)], state)
+    state, anomalies = detector.detect([_burst(300.0, 1.0, 12.0)], state)
+    assert len(anomalies) == 1
+
+
+def test_a_gpu_going_idle_explains_its_lower_clocks_and_power(model):
+    detector = IsolationForestDetector({"gpu": model}, episodes=EpisodePolicy(warmup=0, persistence=1))
+    state = detector.initial_state()
+    for t in range(10):
+        state, _ = detector.detect([_vector("GPU-1", t * 15.0, 70, 60)], state)
+    idle = FeatureVector(
+        "GPU-1",
+        "gpu",
+        150.0,
+        {"gpu_util": 0.0, "mem_used_frac": 0.6, "temp_c": 45.0, "power_w": 90.0, "sm_clock_mhz": 345.0},
+        {"UUID": "GPU-1"},
+    )
+    state, anomalies = detector.detect([idle], state)
+    assert anomalies == []
+    leaking = FeatureVector("GPU-1", "gpu", 165.0, {**idle.values, "mem_used_frac": 0.99}, {"UUID": "GPU-1"})
+    state, anomalies = detector.detect([leaking], state)
+    assert len(anomalies) == 1, "memory is not a load-driven feature"

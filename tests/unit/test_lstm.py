@@ -67,3 +67,20 @@ def test_a_stored_model_scores_like_the_trained_one(model):
     segments = [_series(9, seed=s) for s in (31, 32)]
     assert np.allclose(restored.score_segments(segments), model.score_segments(segments))
     assert restored.threshold == model.threshold
+
+
+def _idle_from(rows: np.ndarray, start: int) -> np.ndarray:
+    out = rows.copy()
+    out[start:, 0] = 0.0  # utilisation
+    out[start:, 2] = 40.0  # temperature
+    out[start:, 3] = 90.0  # power
+    out[start:, 4] = 345.0  # SM clock
+    return out
+
+
+def test_a_gpu_going_idle_is_no_sequence_anomaly_while_its_load_explains_it(model):
+    rows = _idle_from(_series(80, seed=13), 60)
+    _, gated = _run(LstmDetector({"gpu": model}), rows)
+    _, ungated = _run(LstmDetector({"gpu": model}, load_z=float("inf")), rows)
+    assert any(60 <= i < 68 for i in ungated), "the drop is an anomaly to the model itself"
+    assert not any(60 <= i < 68 for i in gated)
