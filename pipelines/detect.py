@@ -177,6 +177,7 @@ class FeatureScorer:
         self.max_wait_s = max_wait_s
         self.buffer: list[FeatureVector] = []
         self._oldest = 0.0
+        self.recent_learned: dict[str, tuple[float, str]] = {}  # entity -> (ts, detector) of its last learned anomaly
 
     def add(self, vector: FeatureVector, now: float) -> None:
         """Queue one vector."""
@@ -201,19 +202,28 @@ class FeatureScorer:
         for detector in self.detectors:
             self.states[detector.name], found = detector.detect(batch, self.states[detector.name])
             anomalies.extend(found)
-        return merge_learned(anomalies)
+        return merge_learned(anomalies, self.recent_learned)
 
     def flush(self) -> list[Anomaly]:
         """Score everything buffered, in the calling thread."""
         return self.score(self.take())
 
 
-def merge_learned(anomalies: Sequence[Anomaly]) -> list[Anomaly]:
-    """One anomaly per entity and scrape from the learned detectors, the others' verdicts as its evidence.
+LEARNED_MERGE_S = 60.0
+"""How soon after one learned detector's anomaly on an entity the other's is the same episode."""
+
+
+def merge_learned(
+    anomalies: Sequence[Anomaly], recent: dict[str, tuple[float, str]] | None = None, merge_s: float = LEARNED_MERGE_S
+) -> list[Anomaly]:
+    """One anomaly per episode of an entity from the learned detectors, the others' verdicts as evidence.
 
     The isolation forest and the LSTM read the same feature vectors; when both flag the same scrape they
     saw one thing, which is one anomaly (the first, in detector order) ``corroborated_by`` the other.
-    Other detectors' anomalies pass through unchanged.
+    With ``recent`` (entity -> time and detector of its last learned anomaly, updated here) an anomaly
+    from the other learned detector within ``merge_s`` after a published one is dropped: the forest
+    judges a scrape, the LSTM a window ending in it, and they often see one episode a scrape or two
+    apart. Other detectors' anomalies pass through unchanged.
     """
     out: list[Anomaly] = []
     first: dict[tuple[str, float], int] = {}
@@ -221,7 +231,16 @@ def merge_learned(anomalies: Sequence[Anomaly]) -> list[Anomaly]:
         key = (anomaly.entity, anomaly.ts)
         if anomaly.detector not in LEARNED or anomaly.status != "firing":
             out.append(anomaly)
-        elif key not in first:
+            continue
+        before = recent.get(anomaly.entity) if recent is not None else None
+        if key not in first and before is not None and before[1] != anomaly.detector:
+            if 0.0 <= anomaly.ts - before[0] <= merge_s:
+                log.info("%s on %s joins the %s anomaly of %.0f s before", anomaly.detector, anomaly.entity, before[1],
+                         anomaly.ts - before[0])
+                continue
+        if key not in first:
+            if recent is not None:
+                recent[anomaly.entity] = (anomaly.ts, anomaly.detector)
             first[key] = len(out)
             out.append(anomaly)
         else:

@@ -67,11 +67,14 @@ FALLBACK_LOG_FEATURES = frozenset(
 
 LOAD_FEATURES: dict[str, dict[str, int]] = {
     "pod": {"prompt_tokens_per_s": +1, "requests_running": +1, "requests_waiting": +1},
-    "gpu": {"gpu_util": 0, "power_w": 0},
+    "gpu": {"gpu_util": -1},
 }
-"""An entity's load, and the direction that counts (+1 up, 0 either way): a pod's offered traffic rising,
-a GPU's utilisation or power draw moving (a busier or idler GPU; a throttled GPU draws less power while
-its temperature rises, which the thermal rules judge)."""
+"""An entity's load, and the direction that counts (+1 up, -1 down, 0 either way): a pod's traffic rising
+(admitted prompt tokens, running and waiting requests), a GPU's utilisation falling (an idle spell lowers
+its clocks, power and temperature). A GPU getting busier is not excused: a throttled GPU is busier for
+the same work, and its heat is what the learned detectors should see. A pod that is slow for another
+reason also holds more requests; the rules that judge its latency discount load more carefully
+(``latency_regression``)."""
 LOAD_DRIVEN: dict[str, frozenset[str]] = {
     "pod": frozenset(
         {
@@ -142,7 +145,7 @@ def load_explained(
         if name not in names:
             continue
         shift = float(z[list(names).index(name)])
-        if (shift if direction > 0 else abs(shift)) >= load_z:
+        if direction * shift >= load_z if direction else abs(shift) >= load_z:
             return driven
     return None
 

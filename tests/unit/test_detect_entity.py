@@ -111,3 +111,20 @@ def test_the_forest_and_the_lstm_flagging_one_scrape_make_one_anomaly() -> None:
     (also,) = merged[0].evidence["corroborated_by"]
     assert also["detector"] == "lstm" and also["signal"] == "sequence_anomaly" and also["top"] == {"temp_c": 9.0}
     assert "corroborated_by" not in merged[1].evidence
+
+
+def test_the_other_learned_detector_a_scrape_or_two_later_joins_the_published_anomaly() -> None:
+    from pipelines.detect import merge_learned
+    from services.core.events import Anomaly
+
+    def anomaly(detector: str, ts: float) -> Anomaly:
+        return Anomaly(
+            entity="GPU-1", entity_kind="gpu", signal="x", detector=detector, score=2.0, threshold=1.0,
+            severity="warning", ts=ts, fingerprint=detector,
+        )
+
+    recent: dict[str, tuple[float, str]] = {}
+    assert len(merge_learned([anomaly("lstm", 285.0)], recent)) == 1
+    assert merge_learned([anomaly("iforest", 300.0)], recent) == []  # the same episode, 15 s on
+    assert len(merge_learned([anomaly("lstm", 600.0)], recent)) == 1  # the LSTM's next episode
+    assert len(merge_learned([anomaly("iforest", 900.0)], recent)) == 1  # five minutes later: its own
