@@ -24,7 +24,7 @@ import numpy as np
 
 from pipelines.detectors.episodes import Episode, EpisodePolicy
 from pipelines.detectors.scaling import MAD_TO_SIGMA, Matrix, RobustScaler
-from pipelines.features import FEATURES_BY_CLASS, FeatureVector
+from pipelines.features import FEATURES_BY_CLASS, GPU_FEATURES, POD_FEATURES, FeatureVector
 from services.core.events import Anomaly, EntityKind
 from services.core.fingerprint import fingerprint
 
@@ -76,21 +76,8 @@ the same work, and its heat is what the learned detectors should see. A pod that
 reason also holds more requests; the rules that judge its latency discount load more carefully
 (``latency_regression``)."""
 LOAD_DRIVEN: dict[str, frozenset[str]] = {
-    "pod": frozenset(
-        {
-            "kv_cache_usage",
-            "requests_waiting",
-            "requests_running",
-            "ttft_p50_s",
-            "ttft_p99_s",
-            "tpot_p50_s",
-            "e2e_p99_s",
-            "prompt_tokens_per_s",
-            "generation_tokens_per_s",
-            "preemptions_per_s",
-        }
-    ),
-    "gpu": frozenset({"gpu_util", "power_w", "temp_c", "sm_clock_mhz"}),
+    "pod": frozenset(POD_FEATURES) - {"error_rate"},
+    "gpu": frozenset(GPU_FEATURES) - {"mem_used_frac"},
 }
 """What a load change moves on a healthy entity: a pod's queues, cache, batch sizes and with them its
 latencies; a GPU's power, temperature and clocks. Memory use and the error rate are not among them."""
