@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pipelines.detectors.episodes import Episode, EpisodePolicy
-from pipelines.detectors.iforest import load_explained, recent_z, topology_labels
+from pipelines.detectors.iforest import load_moved_in, shift_z, topology_labels
 from pipelines.detectors.scaling import Matrix, RobustScaler
 from pipelines.features import FEATURES_BY_CLASS, FeatureVector
 from services.core.events import Anomaly, EntityKind
@@ -201,20 +201,18 @@ class LstmDetector:
             names = FEATURES_BY_CLASS[cls]
             for (vector, segment), score in zip(items, scores, strict=True):
                 episode = state.episodes.setdefault(vector.entity, Episode())
-                # every later row of the window against its first: a burst or an idle spell anywhere in
-                # the window shapes the whole sequence the model judges
-                moved = next(
-                    (
-                        mask
-                        for row in segment[1:]
-                        if (mask := load_explained(cls, names, recent_z(names, segment[:1], row), self.load_z, row))
-                        is not None
-                    ),
-                    None,
-                )
-                if episode.update(bool(score > model.threshold) and moved is None, self.episodes):
+                over = bool(score > model.threshold)
+                if over and self._load_moved(cls, names, segment):
+                    over = False
+                if episode.update(over, self.episodes):
                     anomalies.append(self._anomaly(vector, float(score), model, segment))
         return state, anomalies
+
+    def _load_moved(self, cls: str, names: Sequence[str], segment: Matrix) -> bool:
+        """Whether the entity's load moved anywhere in the window against its first row (a burst or an
+        idle spell anywhere in the window shapes the whole sequence the model judges)."""
+        later = segment[1:]
+        return load_moved_in(cls, names, shift_z(names, segment[0], later), later, self.load_z)
 
     def _anomaly(self, vector: FeatureVector, score: float, model: TrainedLSTM, segment: Matrix) -> Anomaly:
         kind: EntityKind = "gpu" if vector.entity_class == "gpu" else "pod"

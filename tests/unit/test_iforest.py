@@ -155,3 +155,24 @@ def test_a_gpu_going_idle_explains_its_lower_clocks_and_power(model):
     leaking = FeatureVector("GPU-1", "gpu", 165.0, {**idle.values, "mem_used_frac": 0.99}, {"UUID": "GPU-1"})
     state, anomalies = detector.detect([leaking], state)
     assert len(anomalies) == 1, "memory is not a load-driven feature"
+
+
+def test_the_windowed_load_check_judges_each_row_as_the_single_row_check_does():
+    from pipelines.features import POD_FEATURES
+
+    rng = np.random.default_rng(3)
+    names = POD_FEATURES
+    window = np.abs(rng.normal(1.0, 0.5, (12, len(names)))) * np.array([iforest.FALLBACK_UNITS[n] for n in names])
+    z = iforest.shift_z(names, window[0], window[1:])
+    for i, row in enumerate(window[1:]):
+        assert np.allclose(z[i], iforest.recent_z(names, window[:1], row))
+    burst = window.copy()
+    burst[7, names.index("prompt_tokens_per_s")] *= 20
+    for rows in (window, burst):
+        later = rows[1:]
+        one_by_one = any(
+            iforest.load_explained("pod", names, iforest.recent_z(names, rows[:1], r), 3.0, r) is not None
+            for r in later
+        )
+        assert iforest.load_moved_in("pod", names, iforest.shift_z(names, rows[0], later), later, 3.0) == one_by_one
+    assert iforest.load_moved_in("pod", names, iforest.shift_z(names, burst[0], burst[1:]), burst[1:], 3.0)
