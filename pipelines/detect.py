@@ -235,8 +235,8 @@ def merge_learned(
         before = recent.get(anomaly.entity) if recent is not None else None
         if key not in first and before is not None and before[1] != anomaly.detector:
             if 0.0 <= anomaly.ts - before[0] <= merge_s:
-                log.info("%s on %s joins the %s anomaly of %.0f s before", anomaly.detector, anomaly.entity, before[1],
-                         anomaly.ts - before[0])
+                log.debug("%s on %s joins the %s anomaly of %.0f s before", anomaly.detector, anomaly.entity,
+                          before[1], anomaly.ts - before[0])
                 continue
         if key not in first:
             if recent is not None:

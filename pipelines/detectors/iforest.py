@@ -125,8 +125,8 @@ def shift_z(names: Sequence[str], reference: Sequence[float], rows: Matrix, min_
 
 
 def load_moved_in(entity_class: str, names: Sequence[str], z_rows: Matrix, rows: Matrix, load_z: float) -> bool:
-    """Whether any of ``rows`` (with ``z_rows``, their :func:`shift_z`) shows the load moved, as
-    :func:`load_explained` judges one row."""
+    """Whether any of ``rows`` shows the load moved; ``z_rows`` are their signed z (:func:`shift_z` or
+    :func:`recent_z`). The rule is :func:`load_explained`'s, which asks it about one row."""
     index = {name: j for j, name in enumerate(names)}
     if entity_class == "pod" and "requests_waiting" in index:
         waiting = np.asarray(rows, dtype=np.float64)[:, index["requests_waiting"]]
@@ -154,18 +154,10 @@ def load_explained(
     is ``load_z`` or more robust sigmas from the entity's recent median, in the direction that counts,
     or (given the raw ``row``) when a pod's queue holds :data:`OVERLOAD_QUEUE` requests or more.
     """
-    driven = np.array([n in LOAD_DRIVEN.get(entity_class, ()) for n in names], dtype=bool)
-    if row is not None and entity_class == "pod" and "requests_waiting" in names:
-        waiting = float(row[list(names).index("requests_waiting")])
-        if waiting >= OVERLOAD_QUEUE:  # NaN compares false
-            return driven
-    for name, direction in LOAD_FEATURES.get(entity_class, {}).items():
-        if name not in names:
-            continue
-        shift = float(z[list(names).index(name)])
-        if direction * shift >= load_z if direction else abs(shift) >= load_z:
-            return driven
-    return None
+    rows = np.full((1, len(names)), np.nan) if row is None else np.asarray(row, dtype=np.float64)[None, :]
+    if not load_moved_in(entity_class, names, np.asarray(z, dtype=np.float64)[None, :], rows, load_z):
+        return None
+    return np.array([n in LOAD_DRIVEN.get(entity_class, ()) for n in names], dtype=bool)
 
 
 @dataclass(frozen=True)
