@@ -34,6 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+if not __package__:  # run as a script (python bench/nab.py): the scorer is imported as bench.nabscore
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from bench.nabscore import (
     STANDARD_PROFILE,
     CostProfile,
