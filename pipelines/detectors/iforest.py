@@ -96,11 +96,8 @@ def recent_z(names: Sequence[str], past: Matrix, row: Matrix | Sequence[float], 
     median/MAD z made a queue that is usually empty, or a p99 stuck in one histogram bucket, a
     thousand-sigma event on every traffic burst.
     """
-    units = np.array([FALLBACK_UNITS.get(name, 1.0) for name in names], dtype=np.float64)
-    logged = np.array([name in FALLBACK_LOG_FEATURES for name in names], dtype=bool)
-    past_arr, row_arr = np.asarray(past, dtype=np.float64), np.asarray(row, dtype=np.float64)
-    past_t = np.where(logged, np.log1p(np.maximum(past_arr, 0.0) / units), past_arr)
-    row_t = np.where(logged, np.log1p(np.maximum(row_arr, 0.0) / units), row_arr)
+    past_t, least = _on_fallback_scale(names, past, min_scale)
+    row_t, _ = _on_fallback_scale(names, row, min_scale)
     if not np.isnan(past_t).any():  # the usual case; nanmedian goes through masked arrays, ten times slower
         median = np.median(past_t, axis=0)
         mad = np.median(np.abs(past_t - median), axis=0) * MAD_TO_SIGMA
@@ -109,19 +106,26 @@ def recent_z(names: Sequence[str], past: Matrix, row: Matrix | Sequence[float], 
             warnings.simplefilter("ignore", RuntimeWarning)
             median = np.nanmedian(past_t, axis=0)
             mad = np.nan_to_num(np.nanmedian(np.abs(past_t - median), axis=0), nan=0.0) * MAD_TO_SIGMA
-    scale = np.maximum(mad, np.where(logged, min_scale, units))
-    return np.asarray(np.nan_to_num((row_t - median) / scale, nan=0.0), dtype=np.float64)
+    return np.asarray(np.nan_to_num((row_t - median) / np.maximum(mad, least), nan=0.0), dtype=np.float64)
 
 
 def shift_z(names: Sequence[str], reference: Sequence[float], rows: Matrix, min_scale: float = 0.25) -> Matrix:
     """Signed z of each of ``rows`` against one ``reference`` row, on :func:`recent_z`'s scales and least
     spreads (one row has no spread of its own); vectorised, for a whole window at once."""
+    ref_t, least = _on_fallback_scale(names, reference, min_scale)
+    rows_t, _ = _on_fallback_scale(names, rows, min_scale)
+    return np.asarray(np.nan_to_num((rows_t - ref_t) / least, nan=0.0), dtype=np.float64)
+
+
+def _on_fallback_scale(
+    names: Sequence[str], values: Matrix | Sequence[float], min_scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` (rows or one row) with :data:`FALLBACK_LOG_FEATURES` as ``log(1 + value / unit)``, and
+    each feature's least spread: ``min_scale`` on the log scale, one ``unit`` on the linear one."""
     units = np.array([FALLBACK_UNITS.get(name, 1.0) for name in names], dtype=np.float64)
     logged = np.array([name in FALLBACK_LOG_FEATURES for name in names], dtype=bool)
-    ref, arr = np.asarray(reference, dtype=np.float64), np.asarray(rows, dtype=np.float64)
-    ref_t = np.where(logged, np.log1p(np.maximum(ref, 0.0) / units), ref)
-    arr_t = np.where(logged, np.log1p(np.maximum(arr, 0.0) / units), arr)
-    return np.asarray(np.nan_to_num((arr_t - ref_t) / np.where(logged, min_scale, units), nan=0.0), dtype=np.float64)
+    arr = np.asarray(values, dtype=np.float64)
+    return np.where(logged, np.log1p(np.maximum(arr, 0.0) / units), arr), np.where(logged, min_scale, units)
 
 
 def load_moved_in(entity_class: str, names: Sequence[str], z_rows: Matrix, rows: Matrix, load_z: float) -> bool:
@@ -261,7 +265,7 @@ class IsolationForestDetector:
             a latency must move by a factor of e^2, about 7, to reach ``fallback_z`` = 8 on a series
             that never moved; a 15-second p99 sits in one histogram bucket for minutes, then jumps).
         load_z: when an entity's load (:data:`LOAD_FEATURES`: a pod's traffic up, a GPU's utilisation
-            either way) is this many robust sigmas from its recent median, the verdict (model or fallback)
+            down) is this many robust sigmas from its recent median, the verdict (model or fallback)
             leaves out the features a load change moves (:data:`LOAD_DRIVEN`) and judges the rest (a
             pod's error rate, a GPU's memory): a traffic burst or an idle spell is not a fault, and when a
             burst saturates a pod the queue, cache and SLO rules say so with calibrated limits.
