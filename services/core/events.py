@@ -241,6 +241,10 @@ class Diagnosis(Event):
     proposed_playbook: str | None = None
     proposed_params: dict[str, Any] = Field(default_factory=dict)
     level: int | None = Field(default=None, ge=1, le=3)
+    notes: tuple[str, ...] = Field(
+        default=(),
+        description="why an action was withheld or limited (untrusted evidence, no corroboration); shown to humans",
+    )
     latency_ms: float = 0.0
     ts: float
 

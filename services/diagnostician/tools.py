@@ -453,6 +453,8 @@ class Evidence:
         scope: the blast radius of the replicas the alerts name (see :func:`blast_radius`), empty when
             it says nothing.
         log_lines: log templates and example lines (untrusted text).
+        untrusted: claims the evidence makes that come from a source not trusted for them (an XID quoted
+            in an application log), each as a sentence saying why it was not believed.
         facts: short human-readable statements a hypothesis can cite.
         results: every tool's raw result, by tool name.
     """
@@ -464,6 +466,7 @@ class Evidence:
     event_reasons: set[str] = field(default_factory=set)
     scope: set[str] = field(default_factory=set)
     log_lines: list[str] = field(default_factory=list)
+    untrusted: list[str] = field(default_factory=list)
     facts: list[str] = field(default_factory=list)
     results: dict[str, ToolResult] = field(default_factory=dict)
 

@@ -407,14 +407,19 @@ def published() -> Iterator[Path]:
     yield folder
 
 
-def test_published_onlineboutique_day_replays_and_finds_most_root_causes(published: Path) -> None:
+def test_published_days_replay_and_onlineboutique_finds_most_root_causes(published: Path) -> None:
     data = load_nezha(published)
-    assert [d.date for d in data.days] == ["2022-08-22"]
-    assert len(data.days[0].faults) == 24 and len(data.unreplayable) == 32  # 2022-08-23 has no metrics
+    # OnlineBoutique (one day with metrics; 2022-08-23 has none) and TrainTicket (one day)
+    assert [d.date for d in data.days] == ["2022-08-22", "2023-01-30"]
+    assert [len(d.faults) for d in data.days] == [24, 17] and len(data.unreplayable) == 32
     assert {"cartservice", "checkoutservice", "productcatalogservice"} <= data.call_graph["frontend"]
-    assert len(data.services) == 10
+    assert {"adservice", "ts-order-service", "ts-travel-service"} <= set(data.services)
     summary = summarise(evaluate_nezha(published, KNOWLEDGE))
-    assert summary["cases_evaluated"] == 24
+    assert summary["cases_evaluated"] == 24 + 17
     assert any("adservice" in note for note in summary["notes"])  # its TimeStamps are 2e8 s off
-    # far from Nezha's 92.9% (it also reads logs and traces), but well above chance (1 in 10 services)
-    assert summary["service_top3"] >= 0.5
+    boutique = [c for c in summary["cases"] if c["case"].startswith("2022-08-22")]
+    assert len(boutique) == 24
+    top3 = sum(1 for c in boutique if c["service_rank"] is not None and c["service_rank"] <= 3) / len(boutique)
+    # far from Nezha's 92.9% (it also reads logs and traces), but well above chance (1 in 10 services);
+    # TrainTicket is scored too (the RCA issue raises its bar) but not held to one here
+    assert top3 >= 0.5
