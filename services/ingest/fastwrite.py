@@ -326,8 +326,8 @@ def _walk(buf: bytes, cache: SeriesCache, max_samples: int, source: str) -> tupl
             elif buf[pos + 2] < 0x80:
                 start = pos + 3
                 series_end = start + (low & 0x7F | buf[pos + 2] << 7)
-            else:
-                series_end = 0
+            else:  # 16 KiB or more (a 3+ byte length): never a cached layout, the general walk reads it
+                start = series_end = 0
             # both one-sample layouts end with the timestamp: tag 0x10, then a 6-byte varint
             if 9 < series_end - start and series_end <= end and buf[series_end - 7] == 0x10:
                 value = 0.0

@@ -127,6 +127,23 @@ def test_a_body_mutated_after_the_cache_learnt_its_series_is_judged_as_upb_judge
     assert walked(bytes(body), cache) == reference(bytes(body))
 
 
+def test_a_first_series_of_16_kib_or_more_is_read_not_refused() -> None:
+    # its length varint takes 3 bytes; batching senders (vmagent, the OTel collector) send such series
+    # when they catch up, and a 4xx is never retried, so a refusal here would lose the data
+    big = {"__name__": "vllm:request_prompt", "pod": "vllm-0", "prompt": "x" * 20_000}
+    small = {"__name__": "up", "pod": "vllm-0"}
+    for series in (
+        [(big, [(1.0, 1_780_000_000_000)]), (small, [(2.0, 1_780_000_000_000)])],
+        [(small, [(2.0, 1_780_000_000_000)]), (big, [(1.0, 1_780_000_000_000)])],
+    ):
+        raw = _raw(series)
+        expected = reference(raw)
+        assert expected is not None and sum(len(v) for v in expected.values()) == 2
+        cache = SeriesCache()
+        assert walked(raw, cache) == expected
+        assert walked(raw, cache) == expected  # and again, warm
+
+
 def test_a_zero_valued_sample_is_kept_and_served_from_the_cache() -> None:
     labels = {"__name__": "DCGM_FI_DEV_XID_ERRORS", "UUID": "GPU-1", "Hostname": "node-1"}
     cache = SeriesCache()
