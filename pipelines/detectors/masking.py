@@ -32,7 +32,9 @@ MASK_PATTERNS: dict[str, str] = {
     # PCI bus ids: 0000:3b:00.0 (lspci, DCGM) and the NVRM kernel form PCI:0000:3b:00.
     "PCI": rf"(?<![\w:])(?:PCI:)?{_HEX}{{4,8}}:{_HEX}{{2}}:{_HEX}{{2}}(?:\.[0-7])?(?![\w:])",
     # URLs before paths and IPs, so that a URL stays one token.
-    "URL": r"(?<![\w])[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s\"'<>()\[\],]+",
+    # a scheme is short (RFC 3986 names none over 32 characters): bounding it keeps a long run of
+    # "x.x.x..." from being rescanned from every letter (quadratic time on a hostile line)
+    "URL": r"(?<![\w])[a-zA-Z][a-zA-Z0-9+.\-]{0,31}://[^\s\"'<>()\[\],]+",
     # IPv4 with an optional port, the leading slash Java prints (/10.0.0.1:50010) and Java's
     # host/address form (node-7/10.0.0.1:8030); a comma-separated list (an X-Forwarded-For chain)
     # is one variable. "10.0.0.1:50010:Got" keeps its ":Got".
@@ -54,7 +56,9 @@ MASK_PATTERNS: dict[str, str] = {
     "HEX": rf"{_LEFT}(?:0[xX]{_HEX}+|{_HEX}{{16,}}){_RIGHT}",
     # Identifiers that end in a long number after an underscore (application_1445144423722_0020,
     # DFSClient_NONMAPREDUCE_1537864556_1); a short suffix (layer_3) stays part of the word.
-    "SERIAL": rf"{_LEFT}[A-Za-z]\w*?_\d{{4,}}\w*{_RIGHT}",
+    # the lookahead finds the "_1234" once and the possessive run never backtracks into it: the plain
+    # "[A-Za-z]\w*?_\d{4,}\w*" took quadratic time (14 s for a 40 KB hostile line)
+    "SERIAL": rf"{_LEFT}[A-Za-z](?=\w*?_\d{{4}})\w*+{_RIGHT}",
     # Decimal numbers, signed or not, with an optional fraction and unit-less.
     "NUM": rf"{_LEFT}[-+]?\d+(?:\.\d+)?{_RIGHT}",
 }
