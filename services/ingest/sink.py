@@ -104,6 +104,11 @@ class IngestMetrics:
         self.publish_errors = Counter(
             "clustermedic_ingest_publish_errors", "Publish rounds Kafka did not acknowledge", registry=r
         )
+        self.unserialisable = Counter(
+            "clustermedic_ingest_unserialisable",
+            "Accepted records that could not be serialised for Kafka and were dead-lettered on their own",
+            registry=r,
+        )
         self.deadletters_lost = Counter(
             "clustermedic_ingest_deadletters_lost",
             "Dead letters not written (their allowance was full)",
@@ -328,7 +333,7 @@ class PublishQueue:
             try:
                 for job in jobs:
                     for event in job.events:
-                        self._publisher.publish(event)
+                        self._publish_one(event)
                 if self._flush_async is not None:
                     self._flush_async(self._completer(jobs), self._flush_timeout_s)
                     continue
@@ -337,6 +342,31 @@ class PublishQueue:
                 self._complete(jobs, exc)
                 continue
             self._complete(jobs, None)
+
+    def _publish_one(self, event: Event) -> None:
+        """Publish one event; one that cannot be serialised is dead-lettered alone, not with its round.
+
+        A record can parse and still fail to serialise (a JSON ``\\ud800`` escape is a lone surrogate,
+        which UTF-8 cannot encode). Raised from here it would fail every job of the round, and the
+        senders' retries would fail again forever. Broker errors still fail the round: they are
+        :class:`~services.core.errors.InfraError`, not ``ValueError``.
+        """
+        try:
+            self._publisher.publish(event)
+        except (ValueError, UnicodeError) as exc:  # pydantic's serialisation error is a ValueError
+            self._metrics.unserialisable.inc()
+            raw = repr(event).encode("utf-8", "backslashreplace")[:65_536]
+            log.warning("dead-lettering a %s that cannot be serialised: %s", type(event).__name__, exc)
+            self._publisher.publish(
+                DeadLetter.of(
+                    raw=raw,
+                    source_topic=event.topic,
+                    error=f"cannot serialise the record: {exc}"[:1000],
+                    consumer="ingest",
+                    ts=time.time(),
+                    source_key=_safe_key(event),
+                )
+            )
 
     def _completer(self, jobs: list[_Job]) -> Done:
         def acked(error: BaseException | None) -> None:
@@ -374,3 +404,12 @@ class PublishQueue:
                         log.exception("job completion callback failed")
         finally:
             self._slots.release()
+
+
+def _safe_key(event: Event) -> str:
+    """The event's key, made encodable (the key may hold the very text that could not be serialised)."""
+    try:
+        key = event.key()
+    except Exception:  # a key that cannot even be computed still must not fail the round
+        return ""
+    return key.encode("utf-8", "backslashreplace").decode("ascii", "replace")[:500]
