@@ -7,12 +7,18 @@ How it keeps a model (or a log line talking to the model) from choosing an actio
    fenced text is data quoted from the cluster and never instructions.
 2. The answer must be JSON matching :data:`ANSWER_SCHEMA` (``response_format`` ``json_schema``,
    strict), and is validated again with pydantic; anything else falls back to the ranker.
-3. The proposed playbook is dropped unless it is in the playbook registry, belongs to a runbook whose
-   signals match the evidence (or is ``page_oncall``), and its level, raised to the registry default
-   if the model asked for less, is no higher than the evidence supports
-   (:func:`~services.diagnostician.ranker.supported_level`).
-4. Playbook parameters (which node, which pod) come from the incident's topology labels, never from
-   the model.
+3. The model is bounded by the offline evidence (:func:`~services.diagnostician.ranker.allowed_actions`):
+   it may propose only a playbook of the runbook of a hypothesis the ranker itself supports for this
+   evidence (its best, and up to two more above a confidence floor), at that runbook's level or higher
+   (more cautious), never lower; ``page_oncall`` is always allowed. Each hypothesis carries a playbook
+   only when that playbook is allowed too, so the remediation policy cannot fall back to one that is not.
+4. When the ranker withheld or limited its own action (its Diagnosis has ``notes``: untrusted XID
+   text, an uncorroborated webhook alert), the model may propose only what the ranker proposed, at its
+   level or higher, or page a human; the ranker's notes are carried into the LLM's Diagnosis.
+5. Playbook parameters (which node, which pod) come from the incident's topology labels, never from
+   the model. Its causes must be runbook root causes (or an XID in the evidence).
+6. The model's free text (summaries, evidence) is untrusted: notifications show it quoted, stripped of
+   links and mentions (:func:`services.notify.render.common.sanitize`).
 
 Timeouts, transport errors, non-JSON, schema violations and answers naming no known root cause all
 fall back to the offline ranker's diagnosis.
@@ -35,13 +41,7 @@ from services.core.events import Citation, Diagnosis, Hypothesis, IncidentEvent
 from services.core.settings import Settings
 from services.diagnostician.diagnostician import Diagnostician, RankerDiagnostician
 from services.diagnostician.kb import SearchHit
-from services.diagnostician.ranker import (
-    RunbookIndex,
-    matching_playbooks,
-    playbook_params,
-    rank,
-    supported_level,
-)
+from services.diagnostician.ranker import ALWAYS_ALLOWED, RunbookIndex, allowed_actions, playbook_params
 from services.diagnostician.runbooks import PLAYBOOK_DEFAULT_LEVELS, Runbook
 from services.diagnostician.tools import Evidence
 
@@ -237,7 +237,7 @@ class LLMDiagnostician(Diagnostician):
         fallback = self.ranker.from_evidence(incident, evidence, hits, started)
         try:
             answer = self.ask(evidence, hits, fallback.hypotheses)
-            diagnosis = self.guard(incident, evidence, hits, answer, started)
+            diagnosis = self.guard(incident, evidence, hits, answer, started, fallback=fallback)
         except (openai.OpenAIError, ValidationError, ValueError) as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("LLM diagnosis of %s failed, using the ranker: %s", incident.incident_id, self.last_error)
@@ -294,15 +294,27 @@ class LLMDiagnostician(Diagnostician):
         hits: Sequence[SearchHit],
         answer: LLMAnswer,
         started: float,
+        *,
+        fallback: Diagnosis,
     ) -> Diagnosis:
-        """Turn a validated answer into a Diagnosis, dropping what the evidence does not support.
+        """Turn a validated answer into a Diagnosis, dropping what the offline evidence does not support.
+
+        Args:
+            incident: the incident.
+            evidence: the tools' findings (the ranker's, the same the fallback was ranked on).
+            hits: retrieval results (citations the model may name).
+            answer: the model's validated answer.
+            started: ``time.perf_counter()`` when the diagnosis began.
+            fallback: the ranker's own Diagnosis of this evidence: its hypotheses bound the allowed
+                actions, and its ``notes`` say when it withheld one.
 
         Raises:
             ValueError: no hypothesis names a known root cause.
         """
         known_causes = set(self.index.by_root_cause) | {f"gpu_xid_{code}" for code in evidence.xids}
         titles = {rb.id: rb.title for rb in self.index.runbooks} | {h.doc_id: h.title for h in hits}
-        signal_ranked = {h.cause: h for h in rank(evidence, self.index)}
+        ranked = {h.cause: h for h in fallback.hypotheses}
+        allowed = self.allowed(fallback)
         hypotheses: list[Hypothesis] = []
         for item in answer.hypotheses:
             if item.cause not in known_causes or any(h.cause == item.cause for h in hypotheses):
@@ -311,7 +323,12 @@ class LLMDiagnostician(Diagnostician):
             citations = [Citation(doc_id=d, title=titles[d]) for d in dict.fromkeys(item.citations) if d in titles]
             if rb is not None and not any(c.doc_id == rb.id for c in citations):
                 citations.insert(0, Citation(doc_id=rb.id, title=rb.title))
-            fallback = signal_ranked.get(item.cause)
+            if rb is not None:
+                first: tuple[str | None, int | None] = (rb.playbooks[0].name, rb.playbooks[0].level)
+            else:
+                known = ranked.get(item.cause)
+                first = (known.playbook, known.level) if known else (None, None)
+            playbook, level = _within(allowed, *first)
             hypotheses.append(
                 Hypothesis(
                     cause=item.cause,
@@ -319,8 +336,8 @@ class LLMDiagnostician(Diagnostician):
                     summary=item.summary[:1000],
                     evidence=tuple(e[:300] for e in item.evidence[:12]),
                     citations=tuple(citations[:5]),
-                    playbook=rb.playbooks[0].name if rb else (fallback.playbook if fallback else None),
-                    level=rb.playbooks[0].level if rb else (fallback.level if fallback else None),
+                    playbook=playbook,
+                    level=level,
                 )
             )
         if not hypotheses:
@@ -329,43 +346,68 @@ class LLMDiagnostician(Diagnostician):
         if total > 1.0:
             hypotheses = [h.model_copy(update={"confidence": round(h.confidence / total, 4)}) for h in hypotheses]
         hypotheses.sort(key=lambda h: -h.confidence)
-        playbook, level = self.allowed_playbook(evidence, answer.proposed_playbook, answer.level)
+        playbook, level = self.allowed_playbook(allowed, answer.proposed_playbook, answer.level)
+        notes = list(fallback.notes)
+        if answer.proposed_playbook is not None and playbook is None:
+            notes.append(_dropped_note(answer.proposed_playbook, allowed))
         return Diagnosis(
             incident_id=incident.incident_id,
             diagnostician=self.name,
             hypotheses=tuple(hypotheses),
             proposed_playbook=playbook,
+            # targets come from the topology labels, whatever the model wrote
             proposed_params=playbook_params(playbook, evidence),
             level=level,
+            notes=tuple(dict.fromkeys(notes)),
             latency_ms=round((time.perf_counter() - started) * 1000, 3),
             ts=time.time(),
         )
 
+    def allowed(self, fallback: Diagnosis) -> dict[str, int]:
+        """Playbook -> minimum level the model may propose, given the ranker's own diagnosis.
+
+        The ranker's supported hypotheses decide (:func:`~services.diagnostician.ranker.allowed_actions`),
+        unless the ranker withheld or limited its action (``notes``): then only what it proposed, at its
+        level or higher, and paging a human.
+        """
+        if not fallback.notes:
+            return allowed_actions(fallback.hypotheses, self.index)
+        allowed = dict(ALWAYS_ALLOWED)
+        if fallback.proposed_playbook:
+            default = PLAYBOOK_DEFAULT_LEVELS.get(fallback.proposed_playbook, 3)
+            allowed[fallback.proposed_playbook] = max(default, fallback.level or default)
+        return allowed
+
     def allowed_playbook(
-        self, evidence: Evidence, playbook: str | None, level: int | None
+        self, allowed: dict[str, int], playbook: str | None, level: int | None
     ) -> tuple[str | None, int | None]:
-        """The playbook and level to propose, or ``(None, None)`` when the guardrails reject the model's choice."""
+        """The playbook and level to propose, or ``(None, None)`` when the model's choice is not allowed.
+
+        Args:
+            allowed: playbook -> minimum level (:meth:`allowed`).
+            playbook: the model's proposed playbook.
+            level: the model's level; raised to the allowed minimum, never lowered below it.
+        """
         if playbook is None:
             return None, None
-        default = PLAYBOOK_DEFAULT_LEVELS.get(playbook)
-        if default is None:
-            log.warning("dropping proposed playbook %r: not in the registry", playbook)
+        if playbook not in PLAYBOOK_DEFAULT_LEVELS:
+            log.warning("dropping proposed playbook %r: not in the registry", playbook[:80])
             return None, None
-        matching = matching_playbooks(evidence, self.index)
-        if playbook != "page_oncall" and playbook not in matching:
-            log.warning("dropping proposed playbook %r: no runbook matching the evidence uses it", playbook)
-            return None, None
-        # never below the registry default nor below what the runbooks ask for this playbook
-        effective = max(level or default, default, matching.get(playbook, default))
-        ceiling = supported_level(evidence, self.index)
-        if playbook == "page_oncall":
-            ceiling = 3  # paging a human is always allowed: it is the safe answer
-        if effective > ceiling:
-            log.warning(
-                "dropping proposed playbook %r: level %d above the %d the evidence supports",
-                playbook,
-                effective,
-                ceiling,
-            )
-            return None, None
-        return playbook, effective
+        chosen = _within(allowed, playbook, level)
+        if chosen[0] is None:
+            log.warning("dropping proposed playbook %r: the offline evidence supports only %s", playbook, allowed)
+        return chosen
+
+
+def _within(allowed: dict[str, int], playbook: str | None, level: int | None) -> tuple[str | None, int | None]:
+    """``(playbook, level)`` raised to the allowed minimum level, or ``(None, None)`` when not allowed."""
+    if playbook is None or playbook not in allowed:
+        return None, None
+    return playbook, max(level or 1, allowed[playbook])
+
+
+def _dropped_note(proposed: str, allowed: dict[str, int]) -> str:
+    # the model's text is only echoed when it is a registry name: a note is shown to humans
+    named = f"{proposed!r}" if proposed in PLAYBOOK_DEFAULT_LEVELS else "a playbook outside the registry"
+    supported = ", ".join(f"{name} (level {level})" for name, level in sorted(allowed.items()))
+    return f"the model proposed {named}; the offline evidence supports only {supported}: not proposed"

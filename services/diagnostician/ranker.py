@@ -381,3 +381,49 @@ def matching_playbooks(evidence: Evidence, index: RunbookIndex) -> dict[str, int
             for p in s.runbook.playbooks:
                 levels[p.name] = max(levels.get(p.name, 0), p.level)
     return levels
+
+
+# The hypotheses whose runbooks bound what the LLM may propose: the ranker's best, plus up to
+# ALLOWED_TOP_K - 1 more that the evidence makes at least ALLOWED_MIN_CONFIDENCE likely and at least
+# ALLOWED_RELATIVE of the best. A cause the evidence barely mentions (0.03 next to an XID at 0.84) must
+# not lend its reboot_node to a model that a log line talked into it.
+ALLOWED_TOP_K = 3
+ALLOWED_MIN_CONFIDENCE = 0.10
+ALLOWED_RELATIVE = 0.5
+ALWAYS_ALLOWED: dict[str, int] = {"page_oncall": 3}
+"""Paging a human is always allowed (level 3: nothing acts)."""
+
+
+def allowed_actions(hypotheses: Sequence[Hypothesis], index: RunbookIndex) -> dict[str, int]:
+    """The playbooks the offline evidence supports, each with the lowest level it may run at.
+
+    Args:
+        hypotheses: the ranker's own hypotheses for the evidence (:func:`rank`), best first.
+        index: the runbooks.
+
+    Returns:
+        Playbook name -> minimum level: every playbook of the runbook of each supported hypothesis at
+        the most cautious level those runbooks and the registry give it, a runbook-less hypothesis's own
+        playbook (the XID catalog's) at its level, and ``page_oncall`` at 3. A hypothesis whose playbook
+        the ranker withheld (``playbook`` None) supports nothing.
+    """
+    allowed = dict(ALWAYS_ALLOWED)
+    if not hypotheses:
+        return allowed
+    best = max(h.confidence for h in hypotheses)
+    supported = [hypotheses[0]] + [
+        h
+        for h in hypotheses[1:]
+        if h.confidence >= ALLOWED_MIN_CONFIDENCE and h.confidence >= ALLOWED_RELATIVE * best
+    ]
+    for h in supported[:ALLOWED_TOP_K]:
+        if h.playbook is None:
+            continue
+        runbook = index.by_root_cause.get(h.cause)
+        levels = {p.name: p.level for p in runbook.playbooks} if runbook else {h.playbook: h.level or 1}
+        for name, level in levels.items():
+            # a level the ranker raised on the hypothesis (trust rules) holds for its own playbook
+            raised = (h.level or 1) if name == h.playbook else 1
+            floor = max(level, PLAYBOOK_DEFAULT_LEVELS.get(name, 3), raised)
+            allowed[name] = max(allowed.get(name, 0), floor)
+    return allowed
