@@ -361,12 +361,20 @@ def silences_add(
     author: Annotated[str, typer.Option(help="Who asks for it (default: your user name).")] = "",
     comment: Annotated[str, typer.Option(help="Why.")] = "",
     starts_in: Annotated[str, typer.Option(help="Start later instead of now: 10m, 1h...")] = "0s",
+    mute_all: Annotated[
+        bool, typer.Option("--all", help='Confirm a silence that mutes every alert (e.g. alertname=~".+").')
+    ] = False,
 ) -> None:
-    """Create a silence; the correlate role applies it within a few seconds."""
+    """Create a silence; the correlate role applies it within a few seconds.
+
+    A silence whose matchers every alert satisfies is refused without --all; with it, the comment
+    records who confirmed it.
+    """
     import getpass
     import time
 
     from pipelines.correlate.durations import parse_duration
+    from pipelines.correlate.errors import SilenceError
     from services.store.db import connect
     from services.store.silences import create_silence
 
@@ -375,15 +383,21 @@ def silences_add(
         end = start + parse_duration(duration)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    with connect(_settings()) as conn:
-        stored = create_silence(
-            conn,
-            matchers=matcher,
-            starts_at=start,
-            ends_at=end,
-            created_by=author or getpass.getuser(),
-            comment=comment,
-        )
+    try:
+        with connect(_settings()) as conn:
+            stored = create_silence(
+                conn,
+                matchers=matcher,
+                starts_at=start,
+                ends_at=end,
+                created_by=author or getpass.getuser(),
+                comment=comment,
+                allow_all=mute_all,
+                via="cli",
+            )
+    except SilenceError as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True, markup=True, highlight=False)
+        raise typer.Exit(1) from exc
     print(stored.silence_id)
     until = f"{stored.ends_at:%Y-%m-%d %H:%M:%S %Z}"
     console.print(f"[silences] {stored.silence_id} mutes {', '.join(stored.matchers)} until {until}")
@@ -499,19 +513,30 @@ def incidents_show(incident_id: Annotated[str, typer.Argument(help="The incident
 def api_serve(
     host: Annotated[str | None, typer.Option(help="Listen address (default: api_host).")] = None,
     port: Annotated[int | None, typer.Option(help="Listen port (default: api_port).")] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Allow a non-loopback address without CLUSTERMEDIC_API_TOKEN.")
+    ] = False,
 ) -> None:
-    """Run the HTTP API: incidents, silences, /healthz."""
+    """Run the HTTP API: incidents, silences, /healthz, /metrics.
+
+    It listens on loopback by default; a non-loopback address needs CLUSTERMEDIC_API_TOKEN, or
+    --insecure (a warning, and clustermedic_insecure_listener{role="api"} 1 on /metrics).
+    """
     import uvicorn
 
     from services.api.app import create_app
+    from services.core.exposure import UnsafeListener, check_listener
 
     settings = _settings()
-    uvicorn.run(
-        create_app(settings),
-        host=host or settings.api_host,
-        port=port or settings.api_port,
-        log_level=settings.log_level.lower(),
-    )
+    host, port = host or settings.api_host, port or settings.api_port
+    try:
+        listener = check_listener(
+            "api", host, port, token=settings.api_token, token_variable="CLUSTERMEDIC_API_TOKEN", insecure=insecure
+        )
+    except UnsafeListener as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(2) from exc
+    uvicorn.run(create_app(settings, listener=listener), host=host, port=port, log_level=settings.log_level.lower())
 
 
 @app.command("diagnostician")

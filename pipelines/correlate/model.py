@@ -42,18 +42,23 @@ def fingerprint(labels: Mapping[str, str]) -> str:
     return f"{h:016x}"
 
 
+# The labels every alert carries, each from the Anomaly field named here (silences reason about them:
+# pipelines/correlate/silences.py, matches_every_alert).
+ALERT_LABEL_FIELDS: dict[str, str] = {
+    "alertname": "signal",
+    "severity": "severity",
+    "entity": "entity",
+    "entity_kind": "entity_kind",
+    "detector": "detector",
+}
+
+
 def alert_labels(anomaly: Anomaly) -> dict[str, str]:
     """An anomaly's labels as an alert's: its own labels (empty values dropped, as Prometheus does)
     plus ``alertname`` (the signal), ``severity``, ``entity``, ``entity_kind`` and ``detector``,
     which win over labels of the same name."""
     labels = {k: v for k, v in anomaly.labels.items() if v != ""}
-    labels.update(
-        alertname=anomaly.signal,
-        severity=anomaly.severity,
-        entity=anomaly.entity,
-        entity_kind=anomaly.entity_kind,
-        detector=anomaly.detector,
-    )
+    labels.update({label: getattr(anomaly, name) for label, name in ALERT_LABEL_FIELDS.items()})
     return dict(sorted(labels.items()))
 
 

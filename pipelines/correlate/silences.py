@@ -3,7 +3,9 @@
 A silence is *pending* before ``starts_at``, *active* from ``starts_at`` until ``ends_at`` and
 *expired* from ``ends_at`` on. Only active silences mute. Expiring an active silence ends it now;
 expiring a pending one ends it before it ever started. A silence needs at least one matcher that
-does not match the empty string, so that no silence can mute every alert by accident.
+does not match the empty string (Alertmanager's rule). That alone does not stop ``alertname=~".+"``,
+which mutes every alert: :func:`matches_every_alert` finds such silences, and the API and CLI refuse
+them unless the user says ``all`` (services/store/silences.py).
 
 The store is in memory and serialisable; the correlate agent keeps it in step with the silences table
 (services/store/silences.py), which `medic silences` and the API write.
@@ -14,12 +16,15 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pipelines.correlate.errors import SilenceError
 from pipelines.correlate.matchers import Matcher, matches_all, parse_matcher_list
+from pipelines.correlate.model import ALERT_LABEL_FIELDS
+from services.core.events import Anomaly
 
 SilenceState = Literal["pending", "active", "expired"]
 # How long expired silences are kept (Alertmanager's default data retention).
@@ -102,6 +107,79 @@ class Silence:
         )
 
 
+def _values_every_alert_may_have() -> dict[str, tuple[str, ...] | None]:
+    """For each label every alert carries: its closed set of values, or None when any non-empty string can be."""
+    out: dict[str, tuple[str, ...] | None] = {}
+    for label, name in ALERT_LABEL_FIELDS.items():
+        annotation = Anomaly.model_fields[name].annotation
+        closed = typing.get_origin(annotation) is Literal
+        out[label] = tuple(str(v) for v in typing.get_args(annotation)) if closed else None
+    return out
+
+
+# Labels every alert carries (pipelines/correlate/model.py, alert_labels): severity and entity_kind
+# take a closed set of values; alertname, entity and detector any non-empty string.
+ALWAYS_PRESENT: dict[str, tuple[str, ...] | None] = _values_every_alert_may_have()
+# Stand-ins for "any value" of an open label: short and long, letters, digits first, punctuation,
+# upper case, non-ASCII. A matcher that accepts all of them accepts any value an alert is likely to
+# have; one that rejects one of them does not mute every alert. No newline: label values never hold
+# one in practice, and `.*` (which stops at newlines) must count as matching everything.
+ANY_VALUE_PROBES: tuple[str, ...] = (
+    "GpuXid",
+    "gpu_xid",
+    "KubePodCrashLooping",
+    "vllm:kv_cache_usage_perc",
+    "GPU-5f1c2a7e-0d3b-4c1e-9a55-1b2c3d4e5f60",
+    "gpu-node-07",
+    "llama-70b-0",
+    "alertmanager",
+    "x",
+    "Z",
+    "0",
+    "9lives",
+    "_",
+    "-",
+    "a b",
+    "ünïcødé",
+    "zz-no-such-value-" + "q" * 200,
+)
+
+
+def matcher_matches_every_alert(matcher: Matcher) -> bool:
+    """Whether one matcher is satisfied by every alert ClusterMedic can produce.
+
+    * a label every alert carries with a closed set of values (``severity``, ``entity_kind``): the
+      matcher must accept each of those values;
+    * a label every alert carries with any non-empty value (``alertname``, ``entity``, ``detector``):
+      ``=`` and ``=~`` must accept every probe of :data:`ANY_VALUE_PROBES`; ``!=`` and ``!~`` name
+      what they leave out and mute the endless rest (every alert nobody thought of), so they count
+      as matching everything unless they reject every probe (``alertname!~".+"``);
+    * any other label may be missing, which reads as ``""``: a matcher that accepts ``""`` mutes
+      every alert without the label, and since ClusterMedic cannot know that any alert carries it,
+      it counts as matching everything (``x!="nonexistent"``, ``x=""``, ``x=~".*"``).
+
+    The test errs on the safe side: a matcher that truly accepts every value is always caught, and
+    one that accepts every probe but not every string (``.{0,300}``) is caught too; ``all`` overrides.
+    """
+    if matcher.name not in ALWAYS_PRESENT:
+        return matcher.matches_value("")
+    closed = ALWAYS_PRESENT[matcher.name]
+    if closed is not None:
+        return all(matcher.matches_value(v) for v in closed)
+    if matcher.op in ("!=", "!~"):
+        return any(matcher.matches_value(v) for v in ANY_VALUE_PROBES)
+    return all(matcher.matches_value(v) for v in ANY_VALUE_PROBES)
+
+
+def matches_every_alert(matchers: Iterable[Matcher]) -> bool:
+    """Whether a silence with these matchers would mute every alert.
+
+    A silence mutes an alert when all its matchers match, so it mutes every alert exactly when each
+    matcher does (:func:`matcher_matches_every_alert`). No matchers at all matches everything.
+    """
+    return all(matcher_matches_every_alert(m) for m in matchers)
+
+
 def _content_id(silence: Silence) -> str:
     body = json.dumps({k: v for k, v in silence.to_dict().items() if k != "id"}, sort_keys=True)
     return "sil-" + hashlib.sha256(body.encode()).hexdigest()[:16]
@@ -124,7 +202,10 @@ class Silences:
         if not silence.matchers:
             raise SilenceError("a silence needs at least one matcher")
         if all(m.matches_value("") for m in silence.matchers):
-            raise SilenceError("at least one matcher of a silence must not match the empty string")
+            raise SilenceError(
+                "at least one matcher of a silence must not match the empty string"
+                ' (to mute every alert on purpose: alertname=~".+" with --all)'
+            )
         if silence.ends_at <= silence.starts_at:
             raise SilenceError("a silence must end after it starts")
         if not silence.id:

@@ -2,6 +2,7 @@
 
 =====================================  ==========================================================
 ``GET /healthz``                       liveness, and whether PostgreSQL answers
+``GET /metrics``                       ``clustermedic_insecure_listener{role="api"}``
 ``GET /api/v1/incidents``              incidents, most recently changed first (``status``, ``limit``)
 ``GET /api/v1/incidents/{id}``         one incident with its linked alerts, each with its evidence
 ``POST /api/v1/silences``              create a silence (matchers, start/end or duration, author, comment)
@@ -15,7 +16,12 @@
 
 The correlate agent polls the silences table, so a silence created here mutes matching alerts within
 a few seconds. Invalid input answers 422 (schema) or 400 (a matcher that does not parse, a silence
-that would mute everything, an end before the start), with a message that says which.
+that would mute every alert without ``"all": true``, an end before the start), with a message that
+says which.
+
+Users and roles arrive with the console; until then the API listens on loopback by default, and with
+``api_token`` set every route but ``/healthz``, ``/metrics`` and the Slack button (which Slack signs)
+needs ``Authorization: Bearer <token>`` (services/core/exposure.py).
 """
 
 from __future__ import annotations
@@ -27,13 +33,16 @@ from datetime import datetime
 from typing import Any, Literal
 
 import psycopg
-from fastapi import FastAPI, HTTPException, Query
+from fastapi import FastAPI, HTTPException, Query, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipelines.correlate.durations import parse_duration
 from pipelines.correlate.errors import SilenceError
 from services.core.errors import InfraError
+from services.core.exposure import OPEN_PATHS, BearerAuth, Listener, export_listener
 from services.core.settings import Settings
+from services.remediation.api import ROUTER_PREFIX, SLACK_INTERACTIONS_ROUTE
 from services.remediation.executor import Executor
 from services.store.db import connect
 from services.store.incidents import get_incident, list_incidents
@@ -46,12 +55,17 @@ from services.store.silences import (
     list_silences,
 )
 
+API_PREFIX = "/api/v1"
+SLACK_INTERACTIONS_PATH = API_PREFIX + ROUTER_PREFIX + SLACK_INTERACTIONS_ROUTE
+
 
 class SilenceBody(BaseModel):
     """Body of ``POST /api/v1/silences``.
 
     Give either ``ends_at`` or ``duration`` (a Prometheus duration such as ``2h``). Alertmanager's
-    spellings ``startsAt``, ``endsAt`` and ``createdBy`` are accepted too.
+    spellings ``startsAt``, ``endsAt`` and ``createdBy`` are accepted too. A silence that would mute
+    every alert needs ``"all": true``; until the console's roles arrive anyone who can reach the API
+    may set it, and the silence's comment records that they did.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
@@ -62,6 +76,7 @@ class SilenceBody(BaseModel):
     duration: str | None = Field(default=None, description="instead of ends_at: 30m, 2h, 1d...")
     created_by: str = Field(min_length=1, alias="createdBy")
     comment: str = ""
+    mute_all: bool = Field(default=False, alias="all", description="confirm a silence that mutes every alert")
 
     @model_validator(mode="after")
     def _one_end(self) -> SilenceBody:
@@ -87,6 +102,7 @@ def create_app(
     clock: Callable[[], float] = time.time,
     executor: Callable[[], Executor] | None = None,
     slack_signing_secret: str | None = None,
+    listener: Listener | None = None,
 ) -> FastAPI:
     """Build the API app: incidents, silences, and remediation runs and approvals under ``/api/v1``.
 
@@ -96,8 +112,22 @@ def create_app(
         executor: returns the remediation executor; default: built on first use from the settings
             (Celery dispatcher, remediation.yaml).
         slack_signing_secret: for the Slack approval button; default from RemediationSettings.
+        listener: what :func:`services.core.exposure.check_listener` decided (``medic api serve``);
+            default: ``api_host``/``api_port`` with ``api_token``. Its token guards every route but
+            the open ones.
     """
+    listener = listener or Listener("api", settings.api_host, settings.api_port, settings.api_token)
     api = FastAPI(title="ClusterMedic", version="1")
+    if listener.token:
+        # Slack cannot send our token; its button is authenticated by its signature instead
+        api.add_middleware(
+            BearerAuth,
+            token=listener.token,
+            token_variable="CLUSTERMEDIC_API_TOKEN",
+            open_paths=OPEN_PATHS | {SLACK_INTERACTIONS_PATH},
+        )
+    registry = CollectorRegistry()
+    export_listener(listener, registry)
     from services.remediation.api import create_router
     from services.remediation.config import RemediationSettings
 
@@ -122,7 +152,7 @@ def create_app(
             if slack_signing_secret is None
             else slack_signing_secret,
         ),
-        prefix="/api/v1",
+        prefix=API_PREFIX,
     )
 
     @contextmanager
@@ -139,6 +169,10 @@ def create_app(
         with db() as conn:
             conn.execute("SELECT 1")
         return {"status": "ok"}
+
+    @api.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/api/v1/incidents")
     def incidents(
@@ -169,6 +203,8 @@ def create_app(
                     ends_at=end,
                     created_by=body.created_by,
                     comment=body.comment,
+                    allow_all=body.mute_all,
+                    via="api",
                 )
         except SilenceError as exc:
             raise HTTPException(400, str(exc)) from exc

@@ -100,10 +100,17 @@ class Settings(BaseSettings):
     log_level: str = Field(default="INFO", description="Log level of every ClusterMedic process.")
 
     # Ingest (services/ingest; docs/ingest.md)
-    ingest_host: str = Field(default="0.0.0.0", description="Address the ingest HTTP service listens on.")
+    ingest_host: str = Field(
+        default="127.0.0.1",
+        description=(
+            "Address the ingest HTTP service listens on. A non-loopback address needs ingest_token"
+            " (or `--insecure`); docs/security.md."
+        ),
+    )
     ingest_port: int = Field(default=8081, description="Port of the ingest HTTP service.")
     ingest_token: str | None = Field(
-        default=None, description="Bearer token required on the ingest push endpoints. Unset: no auth."
+        default=None,
+        description="Bearer token every ingest push endpoint requires. Unset: allowed on a loopback address only.",
     )
     ingest_max_body_bytes: int = Field(
         default=10 * 1024 * 1024, ge=1024, description="Largest request body the ingest receivers read (413 above)."
@@ -218,8 +225,30 @@ class Settings(BaseSettings):
     )
 
     # API (services/api; `medic api serve`)
-    api_host: str = Field(default="0.0.0.0", description="Address the API service (incidents, silences) listens on.")
+    api_host: str = Field(
+        default="127.0.0.1",
+        description=(
+            "Address the API service (incidents, silences) listens on. A non-loopback address needs"
+            " api_token (or `--insecure`)."
+        ),
+    )
     api_port: int = Field(default=8080, description="Port of the API service.")
+    api_token: str | None = Field(
+        default=None,
+        description=(
+            "Bearer token every API route but /healthz, /metrics and the signed Slack button requires."
+            " Unset: allowed on a loopback address only."
+        ),
+    )
+
+    # Simulator control API (services/simulator/http.py)
+    sim_token: str | None = Field(
+        default=None,
+        description=(
+            "Bearer token every simulator control route requires. Unset: the control API may listen on a"
+            " loopback address only."
+        ),
+    )
 
     @property
     def bootstrap_servers(self) -> str:

@@ -35,18 +35,39 @@ def _settings(**overrides: object) -> Settings:
 def serve(
     host: Annotated[str | None, typer.Option(help="Listen address (default: ingest_host).")] = None,
     port: Annotated[int | None, typer.Option(help="Listen port (default: ingest_port).")] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Allow a non-loopback address without CLUSTERMEDIC_INGEST_TOKEN.")
+    ] = False,
 ) -> None:
-    """Run the push receivers: remote_write, Loki push, Alertmanager webhook, /metrics, /healthz."""
+    """Run the push receivers: remote_write, Loki push, Alertmanager webhook, /metrics, /healthz.
+
+    On a non-loopback address the receivers need CLUSTERMEDIC_INGEST_TOKEN, or --insecure (a warning,
+    and clustermedic_insecure_listener{role="ingest"} 1 on /metrics).
+    """
     import uvicorn
 
     from services.core.bus import ensure_topics
+    from services.core.exposure import UnsafeListener, check_listener
     from services.ingest.aiopublisher import AioKafkaPublisher
     from services.ingest.http import create_app
 
     settings = _settings(ingest_host=host, ingest_port=port)
+    try:
+        # before anything else: a refused listener must not create topics or connect to Kafka
+        listener = check_listener(
+            "ingest",
+            settings.ingest_host,
+            settings.ingest_port,
+            token=settings.ingest_token,
+            token_variable="CLUSTERMEDIC_INGEST_TOKEN",
+            insecure=insecure,
+        )
+    except UnsafeListener as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     ensure_topics(settings)
     # aiokafka: one record batch per partition and round, acks overlapping (docs/ingest.md, Performance)
-    web = create_app(settings, AioKafkaPublisher(settings))
+    web = create_app(settings, AioKafkaPublisher(settings), listener=listener)
     uvicorn.run(
         web,
         host=settings.ingest_host,

@@ -8,6 +8,10 @@
 ``GET /healthz``                   liveness and queue fill
 =================================  ============================================================
 
+With ``ingest_token`` set, every push route needs ``Authorization: Bearer <token>`` (401 otherwise);
+``/metrics`` and ``/healthz`` stay open. Whether the service may listen without a token is decided
+before it binds, by :func:`services.core.exposure.check_listener` (``medic ingest serve``).
+
 Every payload is validated; a bad one gets a 4xx with a plain-text reason and is written to
 ``deadletter.v1`` before the answer goes out. A payload that does not fit the bounded publish queue,
 or whose events Kafka does not acknowledge in time, gets 503 with ``Retry-After``: Prometheus,
@@ -17,7 +21,6 @@ Success is answered only after Kafka acknowledged every event of the payload (at
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -30,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.datastructures import Headers
 
 from services.core.events import DeadLetter, Event
+from services.core.exposure import Listener, bearer_matches, export_listener
 from services.core.settings import Settings
 from services.ingest import normalise
 from services.ingest.dedup import DeliveredKeys
@@ -85,11 +89,8 @@ class IngestService:
             Unauthorized: the token is missing or wrong.
         """
         token = self.settings.ingest_token
-        if not token:
-            return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-            raise Unauthorized()
+        if token and not bearer_matches(request.headers.get("authorization", ""), token):
+            raise Unauthorized("missing or wrong bearer token: send Authorization: Bearer <CLUSTERMEDIC_INGEST_TOKEN>")
 
     async def read_body(self, request: Request, sink: bytearray) -> bytes:
         """Read the body into ``sink`` (so a rejection can dead-letter what was read), bounded.
@@ -254,15 +255,21 @@ def _param(params: str, name: str) -> str:
     return ""
 
 
-def create_app(settings: Settings, publisher: Publisher) -> FastAPI:
+def create_app(settings: Settings, publisher: Publisher, *, listener: Listener | None = None) -> FastAPI:
     """Build the ingest HTTP app around a publisher (closed when the app shuts down).
 
     Args:
         settings: the one Settings object of the process.
         publisher: a :class:`services.core.bus.KafkaPublisher`, or anything with its
             publish/flush/close interface.
+        listener: what :func:`services.core.exposure.check_listener` decided for the address the
+            app is served on, exported as ``clustermedic_insecure_listener``; default: not exposed.
     """
     service = IngestService(settings, publisher)
+    export_listener(
+        listener or Listener("ingest", settings.ingest_host, settings.ingest_port, settings.ingest_token),
+        service.metrics.registry,
+    )
     service.queue.start()
 
     @asynccontextmanager

@@ -18,6 +18,10 @@ from services.remediation.errors import ApprovalError, SignatureError
 from services.remediation.executor import Executor
 from services.remediation.slack import APPROVE_ACTION, parse_interaction, verify_signature
 
+ROUTER_PREFIX = "/remediation"
+# Signed by Slack (verify_signature), not by the API's bearer token, which Slack cannot send.
+SLACK_INTERACTIONS_ROUTE = "/slack/interactions"
+
 
 class ApprovalBody(BaseModel):
     """Body of an approve or reject request."""
@@ -38,7 +42,7 @@ def create_router(
         slack_signing_secret: the Slack app's signing secret; empty refuses every Slack request.
         clock: UNIX time, for the Slack timestamp check.
     """
-    router = APIRouter(prefix="/remediation", tags=["remediation"])
+    router = APIRouter(prefix=ROUTER_PREFIX, tags=["remediation"])
 
     @router.get("/runs")
     def runs(status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
@@ -77,7 +81,7 @@ def create_router(
     def reject(run_id: str, body: ApprovalBody) -> dict[str, Any]:
         return decide(run_id, False, body.approver, "api", body.comment)
 
-    @router.post("/slack/interactions")
+    @router.post(SLACK_INTERACTIONS_ROUTE)
     async def slack(request: Request) -> dict[str, Any]:
         body = await request.body()
         try:

@@ -1,7 +1,13 @@
 """HTTP control API over one simulator, for the remediation workers (FastAPI).
 
 Routes: ``GET /state``, ``GET /faults``, ``GET /grade``, ``POST /actions/{kind}`` with
-``{"target": ..., "params": {...}}``, ``POST /advance?seconds=N``, ``POST /faults/{id}/detected``.
+``{"target": ..., "params": {...}}``, ``POST /advance?seconds=N``, ``POST /faults/{id}/detected``;
+``GET /healthz`` and ``GET /metrics`` (``clustermedic_insecure_listener{role="simulator"}``).
+
+The control routes act on the cluster and reveal the planted faults (the grader's ground truth), so
+with a token every one of them needs ``Authorization: Bearer <CLUSTERMEDIC_SIM_TOKEN>``; a server that
+binds goes through :func:`control_app`, which applies the project's one listener rule
+(:func:`services.core.exposure.check_listener`): no token is allowed on a loopback address only.
 """
 
 from __future__ import annotations
@@ -10,9 +16,12 @@ import threading
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 
+from services.core.exposure import BearerAuth, Listener, check_listener, export_listener
+from services.core.settings import Settings
 from services.simulator.actuators import ACTIONS
 from services.simulator.simulator import Simulator
 
@@ -24,10 +33,32 @@ class ActionBody(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-def create_http_app(sim: Simulator) -> FastAPI:
-    """Build the control API for ``sim`` (calls are serialised with a lock)."""
+TOKEN_VARIABLE = "CLUSTERMEDIC_SIM_TOKEN"
+
+
+def create_http_app(sim: Simulator, *, listener: Listener | None = None) -> FastAPI:
+    """Build the control API for ``sim`` (calls are serialised with a lock).
+
+    Args:
+        sim: the simulator to control.
+        listener: from :func:`control_app`: the token every control route requires (none without a
+            listener: in-process use and tests) and whether it is exposed, for ``/metrics``.
+    """
+    listener = listener or Listener("simulator", "127.0.0.1", 0)
     app = FastAPI(title="ClusterMedic simulator")
+    if listener.token:
+        app.add_middleware(BearerAuth, token=listener.token, token_variable=TOKEN_VARIABLE)
+    registry = CollectorRegistry()
+    export_listener(listener, registry)
     lock = threading.Lock()
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/state")
     def state() -> dict[str, Any]:
@@ -70,3 +101,22 @@ def create_http_app(sim: Simulator) -> FastAPI:
             return {"fault": fault_id, "t": sim.t}
 
     return app
+
+
+def control_app(sim: Simulator, settings: Settings, *, host: str, port: int, insecure: bool = False) -> FastAPI:
+    """The control API as a server binds it: the listener rule first, then the app.
+
+    Args:
+        sim: the simulator to control.
+        settings: ``sim_token`` comes from here.
+        host: the listen address.
+        port: the listen port.
+        insecure: the operator's ``--insecure``: allow a non-loopback address without a token.
+
+    Raises:
+        services.core.exposure.UnsafeListener: a non-loopback address without a token or ``insecure``.
+    """
+    listener = check_listener(
+        "simulator", host, port, token=settings.sim_token, token_variable=TOKEN_VARIABLE, insecure=insecure
+    )
+    return create_http_app(sim, listener=listener)

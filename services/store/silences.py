@@ -2,7 +2,10 @@
 by the correlate agent, which applies them to its engines.
 
 A silence is validated by the engine's own rules (:class:`pipelines.correlate.silences.Silences`)
-before it is stored, so what the API accepts the engine can apply. Rows are never deleted; expiring
+before it is stored, so what the API accepts the engine can apply. A silence that would mute every
+alert (:func:`pipelines.correlate.silences.matches_every_alert`) is refused unless the caller passes
+``allow_all`` (``--all`` / ``"all": true``); then its comment records who confirmed it and how, until
+the console's roles decide who may. Rows are never deleted; expiring
 one sets ``ends_at`` to now (and, for a silence that has not started, ``starts_at`` too, as
 Alertmanager does), so the history stays readable.
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -26,7 +30,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict
 
 from pipelines.correlate.errors import SilenceError
-from pipelines.correlate.silences import Silence, Silences, SilenceState
+from pipelines.correlate.silences import Silence, Silences, SilenceState, matches_every_alert
 from services.core.errors import StoreError
 
 _COLUMNS = "silence_id, matchers, starts_at, ends_at, created_by, comment, created_at, updated_at"
@@ -87,12 +91,25 @@ def create_silence(
     created_by: str,
     comment: str = "",
     silence_id: str | None = None,
+    allow_all: bool = False,
+    via: str = "api",
 ) -> StoredSilence:
     """Validate and store a new silence; return it.
 
+    Args:
+        conn: the database connection.
+        matchers: matcher strings such as ``'node="gpu-node-3"'``.
+        starts_at: UNIX seconds when it starts muting.
+        ends_at: UNIX seconds when it stops.
+        created_by: who asks for it.
+        comment: why.
+        silence_id: default: a new random id.
+        allow_all: the caller confirmed that the silence may mute every alert.
+        via: how the caller asked (``api``, ``cli``), recorded with a confirmed mute-all.
+
     Raises:
-        SilenceError: a matcher does not parse, every matcher matches the empty string, or it ends
-            before it starts.
+        SilenceError: a matcher does not parse, the silence would mute every alert without
+            ``allow_all``, every matcher matches the empty string, or it ends before it starts.
     """
     silence = Silence.of(
         matchers,
@@ -102,6 +119,17 @@ def create_silence(
         comment=comment,
         id=silence_id or f"sil-{uuid.uuid4().hex}",
     )
+    if matches_every_alert(silence.matchers):
+        if not allow_all:
+            shown = ", ".join(str(m) for m in silence.matchers)
+            raise SilenceError(
+                f"silence {{{shown}}} would mute every alert; narrow its matchers, or confirm with"
+                ' --all (medic silences add) / "all": true (API)'
+            )
+        # recorded in the row itself, so whoever reads the silence sees it was meant to mute everything
+        note = f"[mutes every alert: confirmed by {created_by} via {via} (--all)]"
+        comment = f"{comment} {note}" if comment else note
+        silence = replace(silence, comment=comment)
     Silences().add(silence)  # the engine's validation, so the engine can apply what is stored
     row = conn.execute(
         f"INSERT INTO silences (silence_id, matchers, starts_at, ends_at, created_by, comment)"
