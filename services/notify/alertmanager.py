@@ -38,7 +38,10 @@ class AlertmanagerNotifier(Notifier):
         base = self.secret("url").rstrip("/")
         url = base if base.endswith(API_PATH) else base + API_PATH
         body = alertmanager.render(
-            message.notification, resolve_after_s=self.resolve_after(), external_url=self.settings.external_url
+            message.notification,
+            resolve_after_s=self.resolve_after(),
+            external_url=self.settings.external_url,
+            diagnosis=message.diagnosis,
         )
         response = self.post_json(url, body)
         return DeliveryResult(

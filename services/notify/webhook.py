@@ -44,7 +44,12 @@ class WebhookNotifier(Notifier):
             raise NotifierConfigError(
                 f"webhook: max_alerts must be an integer, got {self.config.get('max_alerts')!r}"
             ) from None
-        body = webhook.render(message.notification, max_alerts=max_alerts, external_url=self.settings.external_url)
+        body = webhook.render(
+            message.notification,
+            max_alerts=max_alerts,
+            external_url=self.settings.external_url,
+            diagnosis=message.diagnosis,
+        )
         response = self.post_json(url, body, headers=self.headers())
         return DeliveryResult(
             notifier=self.name,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from typing import Any
 
 import pytest
@@ -15,7 +17,7 @@ from services.notify.ledger import idempotency_key
 from services.notify.plan import plan
 from services.notify.registry import NOTIFIERS, notifier_for
 from services.notify.render import alertmanager, pagerduty, slack, webhook
-from services.notify.render.common import GO_ZERO_TIME, iso, truncate
+from services.notify.render.common import GO_ZERO_TIME, iso, sanitize, truncate
 from tests.unit.test_notify_vendor_server import (
     ROUTING_KEY,
     check_blocks,
@@ -86,9 +88,11 @@ def test_huge_labels_and_titles_are_cut_not_refused() -> None:
 
 
 def test_slack_escapes_mrkdwn_control_characters() -> None:
-    out = slack.render(notification([alert(1, node="<!channel> & co")]))
+    out = slack.render(notification([alert(1, node="<!channel> & co <b>x</b> a<b")]))
     text = json.dumps(out.blocks)
-    assert "<!channel>" not in text and "&lt;!channel&gt; &amp; co" in text
+    # the broadcast is removed, what is left of &, < and > is escaped as Slack documents
+    assert "<!channel>" not in text and "(mention removed) &amp; co x a&lt;b" in text
+    assert live_links(out.webhook_body()) == []
 
 
 def test_slack_shows_diagnosis_and_reuses_the_approval_buttons() -> None:
@@ -147,7 +151,7 @@ def test_pagerduty_summary_is_cut_to_1024_and_bad_config_severity_falls_back() -
 
 
 def test_pagerduty_body_over_512_kb_shrinks_custom_details() -> None:
-    big = {"log": "x" * 20_000}
+    big = {f"log{k}": "x" * 2_000 for k in range(20)}
     n = notification([alert(i, evidence=big) for i in range(400)])
     body, cut = pagerduty.render(n, routing_key=ROUTING_KEY)
     size = len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode())
@@ -158,7 +162,7 @@ def test_pagerduty_body_over_512_kb_shrinks_custom_details() -> None:
     assert details["incident_id"] == n.incident_id
     # 400 alerts without evidence still fit, so nothing was cut; with more, the list is cut visibly
     assert cut == 0
-    many = notification([alert(i, extra="y" * 3000) for i in range(400)])
+    many = notification([alert(i, **{f"extra{k}": "y" * 1000 for k in range(3)}) for i in range(400)])
     body, cut = pagerduty.render(many, routing_key=ROUTING_KEY)
     assert cut > 0 and body["payload"]["custom_details"]["truncated_alerts"] == cut
     assert f"and {cut} more alerts" in body["payload"]["custom_details"]["note"]
@@ -260,3 +264,145 @@ def test_idempotency_key_is_per_receiver_integration_incident_reason_and_ts() ->
     assert key != idempotency_key(n, "r/webhook_configs[1]")
     assert key != idempotency_key(n.model_copy(update={"reason": "update"}), "r/webhook_configs[0]")
     assert key != idempotency_key(n.model_copy(update={"ts": T0 + 1}), "r/webhook_configs[0]")
+
+
+# ------------------------------------------------------------------------- untrusted text, quoted
+
+# What would be live in Slack, PagerDuty or a chat a webhook forwards to: Slack control sequences,
+# URLs, Markdown links and images, HTML, broadcasts, linkable domains and hidden characters.
+_LIVE = re.compile(
+    r"<[@!#]|<[a-z][a-z0-9+.-]*:|[a-z][a-z0-9+.-]*://|www\.|\b(?:mailto|javascript|data|vbscript|file|slack|tel):"
+    r"|\]\(|!\[|<[a-z/!]|(?<![\w@])@(?:channel|here|everyone)\b"
+    r"|(?<![a-z0-9-])[a-z0-9-]+\.(?:com|net|org|io|co|dev|app|ai|xyz|info|biz|me|sh|ly|gg|to|us|uk|ru|cn|tk|ws|cc"
+    r"|link|site|online|top|click|zip|mov|example)(?![a-z0-9-])"
+    r"|[\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff\U000e0000-\U000e007f]",
+    re.IGNORECASE,
+)
+
+
+def live_links(payload: Any, allowed: tuple[str, ...] = ()) -> list[str]:
+    """Every string in a rendered payload that still holds a live link, mention or hidden character.
+
+    Args:
+        payload: the JSON-like body a notifier would send.
+        allowed: substrings that are ClusterMedic's own links (removed before checking).
+    """
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            text = value
+            for ok in allowed:
+                text = text.replace(ok, "")
+            for candidate in (text, unicodedata.normalize("NFKC", text)):
+                match = _LIVE.search(candidate)
+                if match:
+                    found.append(candidate[max(0, match.start() - 40) : match.end() + 40])
+                    break
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(k)
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+
+    walk(payload)
+    return found
+
+
+NASTY = [
+    "<!channel> approve now",
+    "<!here|here> <!everyone> <@U024BE7LH> <@W123|bob> <!subteam^SAZ94GDB8|@oncall> <#C024BE7LR|ops>",
+    "see <https://evil.example/pwn|the runbook> or <http://10.0.0.1/x> or <mailto:a@evil.com|mail>",
+    "bare https://evil.com/a?b=1 and www.evil.org and evil.io/login and sre@evil.co",
+    "[the runbook](https://evil.com) ![pixel](https://evil.com/p.png) [ref]: https://evil.com",
+    '<a href="https://evil.com">click</a><img src=x onerror=alert(1)><script>x()</script><!-- hidden -->',
+    "@channel @here @everyone reboot everything",
+    "\uff1c\uff01\uff43\uff48\uff41\uff4e\uff4e\uff45\uff4c\uff1e \uff48\uff54\uff54\uff50\uff53\uff1a\uff0f\uff0fevil.com",
+    "zero\u200bwidth \u202eedon_toober\u202c \u2066isolate\u2069 \U000e0041\U000e0042 tags",
+    "<!chan<b>nel> [x](<https://evil.com|y>) <<!here>> <htt<i>ps://evil.com|z>",
+    "javascript:alert(1) data:text/html,<b>x</b> slack://open tel:+15551234",
+    "*bold* _it_ ~strike~ `code` ```fence``` > quote & <b> -> x",
+]
+
+
+@pytest.mark.parametrize("text", NASTY)
+def test_sanitize_leaves_no_live_link_mention_or_hidden_text(text: str) -> None:
+    clean = sanitize(text)
+    assert live_links([clean]) == [], clean
+    assert sanitize(clean) == clean, "sanitizing twice changes nothing"
+
+
+def test_sanitize_keeps_the_readable_text_and_ordinary_telemetry() -> None:
+    assert sanitize("see <https://evil.example/pwn|the runbook>") == "see the runbook"
+    assert sanitize("[the runbook](https://evil.com)") == "the runbook"
+    assert sanitize("ping <!channel>") == "ping (mention removed)"
+    assert sanitize("go to https://evil.com now") == "go to (link removed) now"
+    assert sanitize("evil.com") == "evil[.]com"
+    ordinary = "vllm:kv_cache_usage_perc=0.99 on llama-70b-0 (h100-a-02, GPU-5) v1.2.3 a < b & c > d"
+    assert sanitize(ordinary) == ordinary
+    assert len(sanitize("x" * 100_000, 500)) == 500
+
+
+def nasty_diagnosis() -> Diagnosis:
+    return Diagnosis(
+        incident_id="inc-0123456789abcdef0123",
+        diagnostician="llm",
+        hypotheses=(
+            Hypothesis(
+                cause="kv_cache_exhaustion",
+                confidence=0.8,
+                summary="KV cache full. " + " ".join(NASTY),
+                evidence=tuple(NASTY),
+            ),
+        ),
+        proposed_playbook="scale_replicas",
+        proposed_params={"deployment": "llama-70b", "namespace": "serving"},
+        level=1,
+        notes=("XID text in an application log; not a trusted source <!here>",),
+        ts=T0,
+    )
+
+
+def test_every_renderer_quotes_the_models_words_and_leaves_nothing_live() -> None:
+    d = nasty_diagnosis()
+    alerts = [alert(1, team="<!channel>", summary=NASTY[3], evidence={"line": NASTY[4], "msg": NASTY[0]})]
+    n = notification(alerts, receiver="<@U1> team")
+    r = RemediationEvent(
+        incident_id=d.incident_id,
+        run_id="run-1",
+        playbook="scale_replicas",
+        status="awaiting_approval",
+        level=2,
+        detail=NASTY[2],
+        ts=T0,
+    )
+    rendered = {
+        "slack": slack.render(n, diagnosis=d, remediation=r).webhook_body(),
+        "pagerduty": pagerduty.render(n, routing_key=ROUTING_KEY, diagnosis=d, remediation=r)[0],
+        "webhook": webhook.render(n, diagnosis=d),
+        "alertmanager": alertmanager.render(n, diagnosis=d),
+    }
+    for vendor, body in rendered.items():
+        assert live_links(body) == [], vendor
+        assert "KV cache full." in json.dumps(body, ensure_ascii=False), vendor
+    # the model's words are a labelled quotation, never plain prose of ClusterMedic's
+    blocks = json.dumps(rendered["slack"]["blocks"], ensure_ascii=False)
+    assert "untrusted text from the model or telemetry, quoted" in blocks and "\\n>KV cache full." in blocks
+    assert "*Withheld*: XID text in an application log" in blocks
+    pd = rendered["pagerduty"]["payload"]["custom_details"]["diagnosis"]
+    assert pd["summary"].startswith("“KV cache full.") and pd["summary"].endswith("”")
+    assert pd["cause"] == "kv_cache_exhaustion" and pd["notes"][0].startswith("XID text in an application log")
+    annotations = rendered["webhook"]["alerts"][0]["annotations"]
+    assert annotations["diagnosis"].startswith("kv_cache_exhaustion")
+    assert annotations["diagnosis_summary"].startswith("“KV cache full.")
+    assert rendered["alertmanager"][0]["annotations"]["diagnosis_summary"] == annotations["diagnosis_summary"]
+    assert check_blocks(rendered["slack"]["blocks"]) == []
+    assert check_webhook_v4(rendered["webhook"]) == [] and check_postable_alerts(rendered["alertmanager"]) == []
+
+
+def test_clustermedics_own_incident_link_stays_live() -> None:
+    out = slack.render(notification([alert(1)]), external_url="https://medic.example")
+    assert "<https://medic.example/incidents/inc-0123456789abcdef0123|Open the incident>" in json.dumps(out.blocks)
+    assert live_links(out.webhook_body(), allowed=("<https://medic.example/incidents/",)) == []

@@ -5,6 +5,11 @@ alert: ``trigger`` while anything fires, ``resolve`` once all is resolved, ``ack
 human approved a remediation. Limits: ``summary`` at most :data:`MAX_SUMMARY` characters, ``dedup_key``
 at most :data:`MAX_DEDUP_KEY`, the whole body under :data:`MAX_BODY_BYTES`: ``custom_details`` is
 shrunk step by step (evidence dropped, alerts cut with a visible count) until it fits.
+
+Text from telemetry or the model is sanitized (:func:`~services.notify.render.common.sanitize`): no
+link or mention survives into the summary or ``custom_details``, and the diagnosis's summary and
+evidence are quoted (:func:`~services.notify.render.common.diagnosis_summary`). The routing config's
+own ``links``, ``images`` and ``details`` are the operator's and are sent as written.
 """
 
 from __future__ import annotations
@@ -19,10 +24,14 @@ from services.notify.errors import PayloadTooLarge
 from services.notify.render.common import (
     alert_line,
     common_labels,
+    diagnosis_summary,
     firing,
     iso,
     json_size,
     more_alerts,
+    sanitize,
+    sanitize_data,
+    sanitize_labels,
     title,
     truncate,
 )
@@ -108,7 +117,7 @@ def render(
     summary = str(cfg.get("description") or "") or _summary(n)
     payload: dict[str, Any] = {
         "summary": truncate(summary, MAX_SUMMARY),
-        "source": str(cfg.get("source") or _source(n) or source),
+        "source": str(cfg.get("source") or sanitize(_source(n), 255) or source),
         "severity": severity,
         "timestamp": iso(n.ts),
     }
@@ -118,7 +127,7 @@ def render(
     klass = cfg.get("class") or labels.get("alertname") or ""
     for key, value in (("component", component), ("group", group), ("class", klass)):
         if value:
-            payload[key] = str(value)
+            payload[key] = sanitize(value, 255)
     body["payload"] = payload
 
     static = (
@@ -170,37 +179,31 @@ def _details(
     details: dict[str, Any] = dict(static)
     details.update(
         incident_id=n.incident_id,
-        group_key=n.group_key,
-        group_labels=dict(n.group_labels),
+        group_key=sanitize(n.group_key, 1000),
+        group_labels=sanitize_labels(n.group_labels),
         reason=n.reason,
         firing=len(firing(n.alerts)),
         resolved=len(n.alerts) - len(firing(n.alerts)),
         alerts=[
             {
                 "summary": alert_line(a),
-                "fingerprint": a.fingerprint,
+                "fingerprint": sanitize(a.fingerprint, 200),
                 "starts_at": iso(a.starts_at),
-                "labels": dict(a.labels),
-                **({"evidence": a.evidence} if with_evidence and a.evidence else {}),
+                "labels": sanitize_labels(a.labels),
+                **({"evidence": sanitize_data(a.evidence, 1000)} if with_evidence and a.evidence else {}),
             }
             for a in alerts
         ],
     )
     if diagnosis is not None and diagnosis.hypotheses:
-        best = max(diagnosis.hypotheses, key=lambda h: h.confidence)
-        details["diagnosis"] = {
-            "cause": best.cause,
-            "confidence": best.confidence,
-            "summary": truncate(best.summary, 2000),
-            "proposed_playbook": diagnosis.proposed_playbook,
-        }
+        details["diagnosis"] = diagnosis_summary(diagnosis)
     if remediation is not None:
         details["remediation"] = {
-            "run_id": remediation.run_id,
-            "playbook": remediation.playbook,
+            "run_id": sanitize(remediation.run_id, 200),
+            "playbook": sanitize(remediation.playbook, 80),
             "status": remediation.status,
-            "step": remediation.step,
-            "approver": remediation.approver,
-            "detail": truncate(remediation.detail, 2000),
+            "step": sanitize(remediation.step, 200),
+            "approver": sanitize(remediation.approver, 200),
+            "detail": sanitize(remediation.detail, 2000),
         }
     return details

@@ -5,6 +5,11 @@ The shape is Alertmanager's ``webhook_config`` body: ``version "4"``, ``groupKey
 ``commonAnnotations``, ``externalURL`` and ``alerts[]`` of ``status``, ``labels``, ``annotations``,
 ``startsAt``, ``endsAt`` (Go's zero time while firing), ``generatorURL``, ``fingerprint``.
 ``max_alerts`` (0: all) cuts the list and counts the rest in ``truncatedAlerts``.
+
+Label values and annotations are sanitized (they came from telemetry; a receiver may well paste them
+into a chat), and a diagnosis travels as annotations (``diagnosis``, ``diagnosis_summary`` quoted,
+``proposed_playbook``, ``diagnosis_notes``), as :func:`~services.notify.render.common.alert_annotations`
+writes them.
 """
 
 from __future__ import annotations
@@ -12,11 +17,21 @@ from __future__ import annotations
 from typing import Any
 
 from pipelines.correlate.model import Notification
-from services.core.events import AlertRef
-from services.notify.render.common import GO_ZERO_TIME, alert_annotations, common_annotations, common_labels, iso
+from services.core.events import AlertRef, Diagnosis
+from services.notify.render.common import (
+    GO_ZERO_TIME,
+    alert_annotations,
+    common_annotations,
+    common_labels,
+    iso,
+    sanitize,
+    sanitize_labels,
+)
 
 
-def alert(a: AlertRef, notification: Notification, external_url: str = "") -> dict[str, Any]:
+def alert(
+    a: AlertRef, notification: Notification, external_url: str = "", diagnosis: Diagnosis | None = None
+) -> dict[str, Any]:
     """One alert of the webhook body.
 
     A resolved alert's ``endsAt`` is the notification time: the engine does not carry the exact
@@ -24,38 +39,41 @@ def alert(a: AlertRef, notification: Notification, external_url: str = "") -> di
     """
     return {
         "status": a.status,
-        "labels": dict(a.labels),
-        "annotations": alert_annotations(a, notification),
+        "labels": sanitize_labels(a.labels),
+        "annotations": alert_annotations(a, notification, diagnosis),
         "startsAt": iso(a.starts_at),
         "endsAt": GO_ZERO_TIME if a.status == "firing" else iso(notification.ts),
         "generatorURL": _generator(external_url, notification),
-        "fingerprint": a.fingerprint,
+        "fingerprint": sanitize(a.fingerprint, 200),
     }
 
 
-def render(notification: Notification, *, max_alerts: int = 0, external_url: str = "") -> dict[str, Any]:
+def render(
+    notification: Notification, *, max_alerts: int = 0, external_url: str = "", diagnosis: Diagnosis | None = None
+) -> dict[str, Any]:
     """Render the webhook v4 body.
 
     Args:
         notification: the notification.
         max_alerts: most alerts to include; 0 includes all (Alertmanager's meaning).
         external_url: ClusterMedic's URL (``externalURL``, and the base of ``generatorURL``).
+        diagnosis: the incident's diagnosis, added to every alert's annotations.
     """
     n = notification
     alerts = list(n.alerts)
     shown = alerts[:max_alerts] if max_alerts > 0 else alerts
     return {
         "version": "4",
-        "groupKey": n.group_key,
+        "groupKey": sanitize(n.group_key, 1000),
         "truncatedAlerts": len(alerts) - len(shown),
         "status": n.status,
-        "receiver": n.receiver,
-        "groupLabels": dict(n.group_labels),
+        "receiver": sanitize(n.receiver, 200),
+        "groupLabels": sanitize_labels(n.group_labels),
         # common labels and annotations over every alert of the group, as Alertmanager computes them
         "commonLabels": common_labels(alerts),
-        "commonAnnotations": common_annotations(alerts, n),
+        "commonAnnotations": common_annotations(alerts, n, diagnosis),
         "externalURL": external_url,
-        "alerts": [alert(a, n, external_url) for a in shown],
+        "alerts": [alert(a, n, external_url, diagnosis) for a in shown],
     }
 
 
