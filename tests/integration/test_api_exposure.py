@@ -1,0 +1,118 @@
+"""Through the real PostgreSQL: the API's bearer token, and silences that would mute every alert
+(refused without ``all``, recorded with it) through the HTTP API and `medic silences add`."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from services.api.app import SLACK_INTERACTIONS_PATH, create_app
+from services.cli import app as cli
+from services.core.exposure import Listener
+from services.core.settings import Settings
+from services.store.db import connect, migrate
+from services.store.silences import list_silences
+
+pytestmark = pytest.mark.integration
+
+
+def test_api_routes_need_the_token_when_one_is_set(fresh_database: Settings) -> None:
+    migrate(fresh_database)
+    settings = fresh_database.model_copy(update={"api_token": "api-t0k"})
+    good = {"Authorization": "Bearer api-t0k"}
+    body = {"matchers": ['alertname="GpuXid"'], "duration": "1h", "created_by": "ana"}
+    with TestClient(create_app(settings)) as api:
+        for method, path in [
+            ("GET", "/api/v1/incidents"),
+            ("GET", "/api/v1/silences"),
+            ("POST", "/api/v1/silences"),
+            ("DELETE", "/api/v1/silences/sil-1"),
+            ("GET", "/api/v1/remediation/runs"),
+            ("POST", "/api/v1/remediation/runs/run-1/approve"),
+        ]:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "api-t0k"}):
+                answer = api.request(method, path, json=body, headers=headers)
+                assert answer.status_code == 401, (method, path, headers)
+                assert answer.json()["detail"].endswith("send Authorization: Bearer <CLUSTERMEDIC_API_TOKEN>")
+                assert answer.headers["WWW-Authenticate"] == "Bearer"
+        assert api.get("/healthz").status_code == 200
+        assert 'clustermedic_insecure_listener{role="api"} 0.0' in api.get("/metrics").text
+        # the Slack button carries Slack's signature, not our token: it reaches the signature check
+        slack = api.post(SLACK_INTERACTIONS_PATH, content=b"payload=%7B%7D")
+        assert slack.status_code == 401 and "CLUSTERMEDIC_API_TOKEN" not in slack.text
+        assert api.post("/api/v1/silences", json=body, headers=good).status_code == 201
+        assert len(api.get("/api/v1/silences", headers=good).json()) == 1
+    with connect(settings) as conn:
+        assert len(list_silences(conn, now=time.time())) == 1  # only the authenticated one was stored
+
+
+def test_api_metrics_show_an_insecure_listener(fresh_database: Settings) -> None:
+    migrate(fresh_database)
+    exposed = Listener("api", "0.0.0.0", 8080, None, insecure=True)
+    with TestClient(create_app(fresh_database, listener=exposed)) as api:
+        assert 'clustermedic_insecure_listener{role="api"} 1.0' in api.get("/metrics").text
+        assert api.get("/api/v1/incidents").json() == []  # open: nobody set a token
+
+
+@pytest.mark.parametrize("matchers", [['alertname=~".+"'], ['alertname=~".*"', 'x!="nonexistent"'], ['severity!="x"']])
+def test_api_refuses_a_silence_that_mutes_every_alert_without_all(
+    fresh_database: Settings, matchers: list[str]
+) -> None:
+    migrate(fresh_database)
+    now = time.time()
+    api = TestClient(create_app(fresh_database, clock=lambda: now))
+    refused = api.post("/api/v1/silences", json={"matchers": matchers, "duration": "1h", "createdBy": "ana"})
+    assert refused.status_code == 400
+    assert "would mute every alert" in refused.json()["detail"] and '"all": true' in refused.json()["detail"]
+    assert api.get("/api/v1/silences").json() == []
+
+    narrow = api.post(
+        "/api/v1/silences", json={"matchers": ['node=~"gpu-node-0[0-3]"'], "duration": "1h", "createdBy": "ana"}
+    )
+    assert narrow.status_code == 201 and "mutes every alert" not in narrow.json()["comment"]
+
+
+def test_api_records_a_confirmed_mute_all_silence(fresh_database: Settings) -> None:
+    migrate(fresh_database)
+    now = time.time()
+    api = TestClient(create_app(fresh_database, clock=lambda: now))
+    body = {
+        "matchers": ['alertname=~".+"'],
+        "duration": "30m",
+        "createdBy": "ana",
+        "comment": "maintenance",
+        "all": True,
+    }
+    created = api.post("/api/v1/silences", json=body)
+    assert created.status_code == 201, created.text
+    stored = created.json()
+    assert stored["state"] == "active"
+    assert stored["comment"] == "maintenance [mutes every alert: confirmed by ana via api (--all)]"
+    # an empty matcher list is refused by the schema whatever "all" says: write alertname=~".+"
+    empty = api.post("/api/v1/silences", json={**body, "matchers": []})
+    assert empty.status_code == 422
+
+
+def test_medic_silences_add_refuses_a_mute_all_silence_without_all(
+    fresh_database: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    migrate(fresh_database)
+    monkeypatch.setenv("CLUSTERMEDIC_DATABASE_URL", fresh_database.database_url or "")
+    runner = CliRunner()
+    args = ["silences", "add", "--matcher", 'alertname=~".+"', "--duration", "1h", "--author", "ana"]
+    refused = runner.invoke(cli, args)
+    assert refused.exit_code == 1
+    assert "would mute every alert" in refused.output and "--all" in refused.output
+    with connect(fresh_database) as conn:
+        assert list_silences(conn, now=time.time()) == []
+
+    confirmed = runner.invoke(cli, [*args, "--all", "--comment", "cluster move"])
+    assert confirmed.exit_code == 0, confirmed.output
+    narrow = runner.invoke(cli, ["silences", "add", "--matcher", 'alertname="GpuXid"', "--author", "ana"])
+    assert narrow.exit_code == 0, narrow.output
+    with connect(fresh_database) as conn:
+        comments = sorted(s.comment for s in list_silences(conn, now=time.time()))
+    assert comments == ["", "cluster move [mutes every alert: confirmed by ana via cli (--all)]"]
