@@ -36,13 +36,23 @@ class ActionBody(BaseModel):
 TOKEN_VARIABLE = "CLUSTERMEDIC_SIM_TOKEN"
 
 
-def create_http_app(sim: Simulator, *, listener: Listener | None = None) -> FastAPI:
+def create_http_app(
+    sim: Simulator,
+    *,
+    listener: Listener | None = None,
+    lock: threading.Lock | threading.RLock | None = None,
+    clock_running: bool = False,
+) -> FastAPI:
     """Build the control API for ``sim`` (calls are serialised with a lock).
 
     Args:
         sim: the simulator to control.
         listener: from :func:`control_app`: the token every control route requires (none without a
             listener: in-process use and tests) and whether it is exposed, for ``/metrics``.
+        lock: the lock every use of ``sim`` takes (default: one of this app's own); a live
+            simulation passes the lock its clock steps under.
+        clock_running: the simulation advances on its own (``medic sim serve``): ``/advance`` is
+            refused, since moving time by hand would break the wall-clock pacing.
     """
     listener = listener or Listener("simulator", "127.0.0.1", 0)
     app = FastAPI(title="ClusterMedic simulator")
@@ -50,7 +60,7 @@ def create_http_app(sim: Simulator, *, listener: Listener | None = None) -> Fast
         app.add_middleware(BearerAuth, token=listener.token, token_variable=TOKEN_VARIABLE)
     registry = CollectorRegistry()
     export_listener(listener, registry)
-    lock = threading.Lock()
+    lock = lock or threading.Lock()
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
@@ -87,6 +97,8 @@ def create_http_app(sim: Simulator, *, listener: Listener | None = None) -> Fast
 
     @app.post("/advance")
     def advance(seconds: float = 15.0) -> dict[str, Any]:
+        if clock_running:
+            raise HTTPException(409, "the simulation runs against the wall clock (medic sim serve): time moves itself")
         with lock:
             end = sim.t + seconds
             while sim.t < end:

@@ -52,6 +52,8 @@ class Simulator:
         telemetry: generate metric batches and logs (off: grading only, much faster).
         scrape_interval: simulated seconds between scrapes.
         dt: simulated seconds per step.
+        epoch: UNIX time of simulated second 0 (a fixed date by default, so a seed's telemetry is
+            the same every run; ``medic sim serve`` starts it at the current minute).
     """
 
     def __init__(
@@ -62,8 +64,10 @@ class Simulator:
         telemetry: bool = True,
         scrape_interval: float = 15.0,
         dt: float = 1.0,
+        epoch: float = EPOCH,
     ) -> None:
         self.scenario = scenario
+        self.epoch = epoch
         self.seed = seed
         self.dt = dt
         self.scrape_interval = scrape_interval
@@ -73,7 +77,7 @@ class Simulator:
         topo, traffic_rng, route_rng, fault_rng, action_rng, msg_rng = (
             np.random.Generator(np.random.PCG64(s)) for s in np.random.SeedSequence(seed).spawn(6)
         )
-        self.emitter = Emitter(msg_rng, EPOCH)
+        self.emitter = Emitter(msg_rng, epoch)
         cs = scenario.cluster
         node_specs = cs.node_gpus or [cs.gpu] * cs.nodes
         fleet = scenario.fleet()
@@ -94,7 +98,7 @@ class Simulator:
         self.faults = FaultEngine(self.cluster, self.traffic, self.emitter, fault_rng, faults)
         self.actions = Actuators(self, action_rng)
         self.grader = Grader(scenario.slo)
-        self.telemetry = Telemetry(self.cluster, self.serving, self.emitter, EPOCH)
+        self.telemetry = Telemetry(self.cluster, self.serving, self.emitter, epoch)
         self._gpu_factor = np.ones(self.cluster.gpus.n)
         self._slot_node = np.full(self.serving.n, -1, dtype=np.int64)
         self._slot_node_version = -1

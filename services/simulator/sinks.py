@@ -101,8 +101,14 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def render_exposition(batches: list[MetricBatch]) -> str:
-    """Prometheus text exposition (format 0.0.4) of the batches' samples, grouped by metric family."""
+def render_exposition(batches: list[MetricBatch], *, timestamps: bool = False) -> str:
+    """Prometheus text exposition (format 0.0.4) of the batches' samples, grouped by metric family.
+
+    Args:
+        batches: the samples to expose.
+        timestamps: append each sample's own time in milliseconds, so a scraper that honours
+            timestamps keeps simulated time instead of stamping the scrape's wall-clock time.
+    """
     families: dict[str, list[str]] = {}
     for b in batches:
         for s in b.samples:
@@ -111,7 +117,8 @@ def render_exposition(batches: list[MetricBatch]) -> str:
                 if family.endswith(suffix) and family.startswith("vllm:"):
                     family = family[: -len(suffix)]
             labels = ",".join(f'{k}="{_escape(v)}"' for k, v in s.labels.items() if v != "")
-            families.setdefault(family, []).append(f"{s.name}{{{labels}}} {s.value:g}")
+            line = f"{s.name}{{{labels}}} {s.value:g}"
+            families.setdefault(family, []).append(f"{line} {round(s.ts * 1000)}" if timestamps else line)
     out: list[str] = []
     for family in sorted(families):
         if family.startswith("vllm:") and (family.endswith("_seconds")):
