@@ -291,6 +291,7 @@ def test_prometheus_config_is_wired_to_alertmanager_and_ingest(services: dict[st
     (write,) = config["remote_write"]
     url = urlsplit(write["url"])
     assert (url.hostname, url.port, url.path) == ("ingest", INGEST_PORT, REMOTE_WRITE_PATH)
+    assert write["authorization"]["credentials_file"] == _secret_path(services["prometheus"], "ingest_token")
 
     am_targets = [t for am in config["alerting"]["alertmanagers"] for sc in am["static_configs"] for t in sc["targets"]]
     assert am_targets == ["alertmanager:9093"] and "alertmanager" in services
@@ -335,6 +336,24 @@ def test_alertmanager_sends_every_alert_to_the_ingest_webhook(services: dict[str
     assert (url.scheme, url.hostname, url.port, url.path) == ("http", "ingest", INGEST_PORT, WEBHOOK_PATH)
     assert url.hostname in services
     assert hook["send_resolved"] is True, "resolved notifications close incidents"
+    token_file = hook["http_config"]["authorization"]["credentials_file"]
+    assert token_file == _secret_path(services["alertmanager"], "ingest_token")
+
+
+def _secret_path(service: dict[str, Any], name: str) -> str:
+    """Where compose mounts a secret the service lists (short syntax: /run/secrets/<name>)."""
+    assert name in service.get("secrets", []), f"the service does not mount the {name} secret"
+    return f"/run/secrets/{name}"
+
+
+def test_exposed_roles_need_their_tokens_and_the_senders_have_ingest_s(compose: dict[str, Any]) -> None:
+    env = compose["x-clustermedic-env"]
+    # both listen on every address of their container, which needs a token (services/core/exposure.py)
+    for role in ("INGEST", "API"):
+        assert env[f"CLUSTERMEDIC_{role}_HOST"] == "0.0.0.0"
+        # ${VAR:?message}: compose refuses to start when the user has not set the token
+        assert re.fullmatch(rf"\$\{{CLUSTERMEDIC_{role}_TOKEN:\?[^}}]+\}}", env[f"CLUSTERMEDIC_{role}_TOKEN"])
+    assert compose["secrets"]["ingest_token"] == {"environment": "CLUSTERMEDIC_INGEST_TOKEN"}
 
 
 def test_grafana_provisions_prometheus_and_the_gpu_dashboard(services: dict[str, Any]) -> None:
