@@ -25,15 +25,21 @@ from kombu import Queue
 from services.core.settings import Settings
 
 QUEUES = ("default", "remediation", "verify", "notify")
+RECOVER_TASK = "clustermedic.remediation.recover"
 
 app = Celery("clustermedic", include=["services.remediation.tasks", "services.notify.tasks"])
 
 
-def configure(settings: Settings) -> Celery:
+def configure(settings: Settings, *, recover_interval_s: float | None = None) -> Celery:
     """Point the app at the settings' Redis and set the options every task shares.
 
     Calling it again with another Redis (a test, a tool) also drops the connection, producer and
     result-backend caches, which Celery would otherwise keep pointing at the first broker.
+
+    Args:
+        settings: the process settings.
+        recover_interval_s: when given, the beat schedule sends the remediation recovery sweep this
+            often (only a process that runs beat, e.g. ``medic worker``, needs it).
     """
     previous = app.conf.broker_url if app.configured else None
     app.conf.update(
@@ -51,11 +57,30 @@ def configure(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
         timezone="UTC",
     )
+    if recover_interval_s is not None:
+        app.conf.beat_schedule = beat_schedule(recover_interval_s)
     if previous is not None and previous != settings.broker_url:
         app._after_fork()  # Celery's own reset of the connection and producer pools
         app._backend_cache = None
         app._local = threading.local()
     return app
+
+
+def beat_schedule(recover_interval_s: float) -> dict[str, dict[str, Any]]:
+    """The periodic tasks: the remediation recovery sweep.
+
+    Every worker may run beat (``medic worker`` does by default, with an in-memory schedule), so the
+    sweep does not depend on one process surviving; duplicate sweeps are harmless because each
+    abandoned run is claimed by one conditional update. A sweep nobody takes within one interval
+    expires instead of piling up in the queue.
+    """
+    return {
+        RECOVER_TASK: {
+            "task": RECOVER_TASK,
+            "schedule": recover_interval_s,
+            "options": {"queue": "default", "expires": recover_interval_s},
+        }
+    }
 
 
 @app.task(name="clustermedic.health.ping", acks_late=True)

@@ -119,15 +119,21 @@ def worker(
     queues: Annotated[str, typer.Option(help="Comma-separated queues to consume.")] = ",".join(QUEUES),
     concurrency: Annotated[int, typer.Option(help="Worker processes.")] = 2,
     name: Annotated[str, typer.Option(help="Celery node name.")] = "medic@%h",
+    beat: Annotated[
+        bool, typer.Option(help="Embed Celery beat: send the remediation recovery sweep on a schedule.")
+    ] = True,
 ) -> None:
-    """Run a Celery worker."""
+    """Run a Celery worker (with embedded beat: the recovery sweep runs every recover_interval_s)."""
     from services.celery_app import configure
+    from services.remediation.config import RemediationSettings
 
     settings = _settings()
-    celery = configure(settings)
-    celery.worker_main(
-        ["worker", "-Q", queues, "-c", str(concurrency), "-n", name, "--loglevel", settings.log_level.upper()]
-    )
+    celery = configure(settings, recover_interval_s=RemediationSettings().recover_interval_s if beat else None)
+    argv = ["worker", "-Q", queues, "-c", str(concurrency), "-n", name, "--loglevel", settings.log_level.upper()]
+    if beat:
+        # in-memory schedule: every worker may embed beat (duplicate sweeps are harmless), no shelve file to share
+        argv += ["--beat", "--scheduler", "celery.beat:Scheduler"]
+    celery.worker_main(argv)
 
 
 @app.command()

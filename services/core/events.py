@@ -266,6 +266,7 @@ RemediationStatus = Literal[
     "failed",
     "rolled_back",
     "paged",
+    "dry_run",  # a dry run ended: decision and plan recorded, nothing changed
 ]
 
 
@@ -281,6 +282,7 @@ class RemediationEvent(Event):
     level: int = Field(ge=1, le=3)
     approver: str = ""
     detail: str = ""
+    dry_run: bool = Field(default=False, description="the run is a dry run: it changes nothing")
     ts: float
 
     def key(self) -> str:

@@ -79,3 +79,32 @@ def runs(status: Annotated[str, typer.Option(help="Only runs with this status.")
 def recover() -> None:
     """Resume or fail runs whose worker died, and expire overdue approvals (what workers do on start)."""
     typer.echo(json.dumps({"recovered": _executor().recover()}))
+
+
+@app.command("kill-switch")
+def kill_switch(
+    state: Annotated[str, typer.Argument(help="on, off or status.")] = "status",
+    by: Annotated[str, typer.Option("--by", help="Who flips it (recorded; default: the OS user).")] = "",
+    reason: Annotated[str, typer.Option(help="Why (shown in every run it blocks).")] = "",
+) -> None:
+    """Stop (on) or allow (off) every remediation at once, on every worker.
+
+    Once `on` returns, no run starts and no action begins anywhere; running runs stop before their
+    next action and roll back what they did (rollbacks still run). Stored in Postgres, read in the
+    same transaction that starts a run (docs/security.md).
+    """
+    import getpass
+
+    if state not in ("on", "off", "status"):
+        typer.echo("error: give on, off or status", err=True)
+        raise typer.Exit(2)
+    from services.remediation.store import RunStore
+
+    store = RunStore(Settings())
+    try:
+        if state != "status":
+            store.set_kill_switch(state == "on", set_by=by or getpass.getuser(), reason=reason)
+        ks = store.kill_switch()
+    finally:
+        store.close()
+    typer.echo(json.dumps({"kill_switch": "on" if ks else "off", **(ks.model_dump() if ks else {})}))

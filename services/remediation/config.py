@@ -33,6 +33,11 @@ class RemediationSettings(BaseSettings):
     config: Path = Field(default=DEFAULT_CONFIG, description="remediation.yaml to load")
     actuator_url: str | None = Field(default=None, description="overrides actuator.url of the YAML")
     slack_signing_secret: str = Field(default="", description="Slack app signing secret (interactivity)")
+    recover_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="how often Celery beat sends the recovery sweep (resumes runs whose worker died)",
+    )
 
 
 class _Model(BaseModel):

@@ -3,16 +3,27 @@
 One run moves through::
 
     proposed / approved --start--> running --act(0)--> --verify(0)--> ... --finish--> succeeded
+                           \\ a guardrail forbids it: blocked (nothing changed)
                                       \\ precheck fails: failed (nothing changed)
+                                      \\ dry run: dry_run (plan recorded, nothing changed)
     any action fails / any verification times out: failed, rollback_state=pending --rollback--> rolled_back
+    a guardrail forbids the next action: blocked, rollback_state=pending --rollback--> blocked (rolled back)
+    a rollback step fails: failed, "a human must look"
+
+Guardrails hold under concurrency: the move to ``running`` happens in the Postgres transaction that
+checks kill switch, circuit breaker, cooldown, rate limit and blast radius under one advisory lock
+(:meth:`RunStore.claim_run`), and every action begins in a transaction that checks the kill switch and
+the breaker again (:meth:`RunStore.begin_action`).
 
 Rules that make redelivery and worker death harmless:
     * a step row is committed before its action runs; finding the row means "never act again": an
       action row still ``running`` was interrupted, so the run fails and rolls back;
     * every task carries the run's execution ``token``; a task whose token is not the run's current
       one (a stale or duplicated message) does nothing and stops its chain;
-    * each task pushes the run's lease forward; :meth:`Executor.recover` resumes runs whose lease
-      lapsed (a killed worker) from the state recorded in Postgres, with a new token.
+    * each task pushes the run's lease forward; :meth:`Executor.recover` (run on a schedule by every
+      worker) resumes runs whose lease lapsed (a killed worker) from the state recorded in Postgres,
+      with a new token; a conditional update lets only one sweep take each run.
+    * any exception an actuator raises fails the step (never leaves it ``running``) and rolls back.
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ from services.remediation.errors import (
 )
 from services.remediation.model import CheckResult, Decision, PrecheckResult, Step
 from services.remediation.playbook import Playbook
-from services.remediation.policy import check_guardrails, plan_from_diagnosis, policy_for
+from services.remediation.policy import GuardrailState, act_blocks, plan_from_diagnosis, policy_for, start_blocks
 from services.remediation.store import RunRow, RunStore
 
 log = logging.getLogger(__name__)
@@ -66,6 +77,10 @@ class Dispatcher(Protocol):
 
 class StaleTask(RemediationError):
     """The task's token is not the run's current one, or the run is no longer running: do nothing."""
+
+
+class GuardrailStop(StaleTask):
+    """A guardrail forbids the next action of a running run: it was stopped and its rollback dispatched."""
 
 
 @dataclass
@@ -173,7 +188,11 @@ class Executor:
     # -------------------------------------------------------------------------- execution
 
     def start(self, run_id: str) -> None:
-        """Claim a proposed or approved run, run its precheck, freeze its plan and dispatch its chain."""
+        """Claim a proposed or approved run, run its precheck, freeze its plan and dispatch its chain.
+
+        The guardrails are asked inside the transaction that moves the run to ``running``
+        (:meth:`RunStore.claim_run`): a run they forbid ends ``blocked`` and nothing acts.
+        """
         run = self.store.get_run(run_id)
         if run is None or run.status not in ("proposed", "approved"):
             return  # redelivered, or already handled
@@ -187,18 +206,20 @@ class Executor:
                 return
         now = float(self.clock())
         spec = policy_for(self.config.policy, run.playbook, run.targets)
-        if spec.kill_switch:
-            self._end(run_id, [run.status], "blocked", "kill switch is on")
-            return
-        blocks = check_guardrails(run.targets, spec, self.store.guardrail_state(now), now, exclude_run=run_id)
-        if blocks:
-            self._end(run_id, [run.status], "blocked", "; ".join(blocks))
-            return
+
+        def check(state: GuardrailState) -> list[str]:
+            return start_blocks(run_id, run.targets, spec, state, now, automatic=run.automatic)
+
         token = uuid.uuid4().hex
-        lease = now + self.config.execution.lease_s
-        if not self.store.transition(
-            run_id, [run.status], "running", token=token, started=True, lease_until=lease, detail=""
-        ):
+        claim = self.store.claim_run(
+            run_id, [run.status], check, now=now, token=token, lease_until=now + self.config.execution.lease_s
+        )
+        if claim.outcome == "stale":
+            return  # another worker claimed it first
+        if claim.outcome == "blocked":
+            detail = "; ".join(claim.reasons)
+            self.store.audit(run_id, "system", "blocked", {"detail": detail})
+            self._event(run_id, "blocked", detail=detail)
             return
         self._event(run_id, "running")
         playbook = self.playbooks.load(run.playbook)()
@@ -208,8 +229,8 @@ class Executor:
         try:
             pre = playbook.precheck(params, self.actuator)
             reason = pre.reason
-        except ActuatorError as exc:
-            pre, reason = None, str(exc)
+        except Exception as exc:  # any actuator failure fails the precheck, never the worker
+            pre, reason = None, _error(exc)
         self.store.finish_step(
             row.step_id,
             "succeeded" if pre and pre.ok else "failed",
@@ -224,7 +245,8 @@ class Executor:
         if run.dry_run:
             for i, step in enumerate(plan):
                 self.store.record_skipped(run_id, "action", i, step.name, {"dry_run": True, **_describe(step)})
-            self._end(run_id, ["running"], "succeeded", "dry run: nothing changed")
+            would = ", ".join(f"{s.action.op} {s.action.target}" for s in plan if s.action) or "nothing"
+            self._end(run_id, ["running"], "dry_run", f"dry run: nothing changed; would run {would}")
             return
         self.dispatcher.chain(run_id, token, 0, "act", plan, self.actuator.time_scale)
 
@@ -235,34 +257,55 @@ class Executor:
         return run
 
     def act(self, run_id: str, position: int, token: str) -> None:
-        """Perform the action of step ``position`` at most once.
+        """Perform the action of step ``position`` at most once, if the guardrails still allow it.
 
         Raises:
             StaleTask: the message is stale (the chain must stop).
-            ActuatorError: the action failed; the run was failed and its rollback dispatched.
+            GuardrailStop: the kill switch or the circuit breaker now forbids acting; the run was
+                stopped (``blocked``) and its rollback dispatched.
+            ActuatorError: the action failed (whatever the actuator raised); the run was failed and its
+                rollback dispatched.
         """
         run = self._running(run_id, token)
         step = run.plan[position]
-        self.store.extend_lease(run_id, token, float(self.clock()) + self.config.execution.lease_s)
+        now = float(self.clock())
+        self.store.extend_lease(run_id, token, now + self.config.execution.lease_s)
         if step.action is None:
             self.store.record_skipped(run_id, "action", position, step.name, {"reason": "verify-only step"})
             return
-        created, row = self.store.begin_step(run_id, "action", position, step.name)
-        if not created:
+        spec = policy_for(self.config.policy, run.playbook, run.targets)
+
+        def check(state: GuardrailState) -> list[str]:
+            return act_blocks(spec, state, now, automatic=run.automatic)
+
+        begun = self.store.begin_action(run_id, token, position, step.name, check, now=now)
+        if begun.stale:
+            raise StaleTask(f"run {run_id}: not running under token {token}")
+        if begun.reasons:
+            reason = f"stopped before step {step.name}: {'; '.join(begun.reasons)}"
+            self.fail(run_id, token, reason, status="blocked")
+            raise GuardrailStop(reason)
+        row = begun.step
+        assert row is not None
+        if not begun.created:
             if row.status == "succeeded":
                 return  # done before a redelivery: do not act again
             if row.status == "running":
                 self.store.finish_step(row.step_id, "interrupted", {"error": "interrupted mid-action"})
             self.fail(run_id, token, f"step {step.name}: action interrupted or failed before; not repeated")
             raise StaleTask(f"run {run_id} step {position} already attempted")
-        world_t = self.actuator.clock()
+        world_t: float | None = None
         try:
+            world_t = self.actuator.clock()
             outcome = self.actuator.act(step.action)
-        except ActuatorError as exc:
-            self.store.finish_step(row.step_id, "failed", {"error": str(exc), "world_t": world_t})
-            self._event(run_id, "failed", step=step.name, detail=str(exc))
-            self.fail(run_id, token, f"step {step.name}: {exc}")
-            raise
+        except Exception as exc:  # whatever an actuator raises, the step fails and rolls back
+            error = _error(exc)
+            self.store.finish_step(row.step_id, "failed", {"error": error, "world_t": world_t})
+            self._event(run_id, "failed", step=step.name, detail=error)
+            self.fail(run_id, token, f"step {step.name}: {error}")
+            if isinstance(exc, ActuatorError):
+                raise
+            raise ActuatorError(error) from exc
         self.store.finish_step(row.step_id, "succeeded", {"world_t": world_t, **outcome.model_dump()})
         self._event(
             run_id, "running", step=step.name, detail=f"{step.action.op} {step.action.target}: {outcome.message}"
@@ -291,20 +334,23 @@ class Executor:
         if not created:
             self.store.bump_attempts(row.step_id)
         action = self.store.get_step(f"{run_id}:action:{position}")
-        since = float(action.output.get("world_t", 0.0)) if action else 0.0
-        now_world = self.actuator.clock()
+        since = float(action.output.get("world_t") or 0.0) if action else 0.0
+        now_world: float | None = None
         result: CheckResult | None
         try:
+            now_world = self.actuator.clock()
             result = self.actuator.check(step.verify)
             detail = result.detail
-        except ActuatorError as exc:
-            result, detail = None, str(exc)
+        except Exception as exc:  # a check that cannot be read does not hold (yet)
+            result, detail = None, _error(exc)
         if result is not None and result.ok:
             self.store.finish_step(row.step_id, "succeeded", {"detail": detail, "observed": result.observed})
             self._event(run_id, "running", step=step.name, detail=f"verified: {detail}")
             return
-        if now_world - since <= step.timeout_s and not last_try:
+        # without the world's clock the timeout cannot be measured: retry until the task's last try
+        if (now_world is None or now_world - since <= step.timeout_s) and not last_try:
             raise VerificationPending(f"{step.name}: {detail}")
+        now_world = since if now_world is None else now_world
         self.store.finish_step(row.step_id, "failed", {"detail": detail, "waited_s": now_world - since})
         self._event(run_id, "failed", step=step.name, detail=f"verification failed: {detail}")
         self.fail(run_id, token, f"step {step.name}: verification did not hold in {step.timeout_s:.0f} s: {detail}")
@@ -335,8 +381,8 @@ class Executor:
                 )
             )
 
-    def fail(self, run_id: str, token: str, reason: str) -> None:
-        """Fail a running run and dispatch its rollback (once)."""
+    def fail(self, run_id: str, token: str, reason: str, *, status: RemediationStatus = "failed") -> None:
+        """End a running run as ``status`` (``failed``, or ``blocked`` by a guardrail); dispatch its rollback once."""
         run = self.store.get_run(run_id)
         if run is None:
             return
@@ -344,15 +390,15 @@ class Executor:
         if self.store.transition(
             run_id,
             ["running"],
-            "failed",
+            status,
             detail=reason,
             finished=True,
             rollback_state=pending,
             require_token=token,
             lease_until=float(self.clock()) + self.config.execution.lease_s,
         ):
-            self.store.audit(run_id, "system", "failed", {"reason": reason})
-            self._event(run_id, "failed", detail=reason)
+            self.store.audit(run_id, "system", status, {"reason": reason})
+            self._event(run_id, status, detail=reason)
             if pending == "pending":
                 self.dispatcher.rollback(run_id, token)
 
@@ -377,21 +423,23 @@ class Executor:
                 continue
             try:
                 outcome = self.actuator.act(step.action)
-            except ActuatorError as exc:
-                self.store.finish_step(row.step_id, "failed", {"error": str(exc)})
+            except Exception as exc:  # a failing rollback step is recorded; the others still run
+                self.store.finish_step(row.step_id, "failed", {"error": _error(exc)})
                 ok = False
-                notes.append(f"{step.name}: {exc}")
+                notes.append(f"{step.name}: {_error(exc)}")
                 continue
             self.store.finish_step(row.step_id, "succeeded", outcome.model_dump())
             self._event(run_id, "running", step=step.name, detail=f"rollback {step.action.op} {step.action.target}")
         self.store.set_rollback_state(run_id, "done")
         if ok:
-            self.store.transition(run_id, ["failed"], "rolled_back", detail=f"{run.detail}; rolled back")
+            # a run a guardrail stopped stays "blocked" (it is no remediation failure: the breaker ignores it)
+            final: RemediationStatus = "blocked" if run.status == "blocked" else "rolled_back"
+            self.store.transition(run_id, [run.status], final, detail=f"{run.detail}; rolled back")
             self.store.audit(run_id, "system", "rolled_back")
-            self._event(run_id, "rolled_back", detail=run.detail)
+            self._event(run_id, final, detail=f"{run.detail}; rolled back")
         else:
             detail = f"{run.detail}; rollback incomplete: {'; '.join(notes)}; a human must look"
-            self.store.transition(run_id, ["failed"], "failed", detail=detail)
+            self.store.transition(run_id, [run.status], "failed", detail=detail)
             self.store.audit(run_id, "system", "rollback_incomplete", {"notes": notes})
             self._event(run_id, "paged", detail=detail)
 
@@ -408,10 +456,11 @@ class Executor:
         touched: list[str] = []
         for run in self.store.stale_runs(now):
             token = uuid.uuid4().hex
-            self.store.set_token(run.run_id, token, now + self.config.execution.lease_s)
+            if not self.store.claim_stale(run.run_id, token, now, now + self.config.execution.lease_s):
+                continue  # another worker's sweep took it
             self.store.audit(run.run_id, "system", "recovered", {"status": run.status})
             touched.append(run.run_id)
-            if run.status != "running":  # failed with a rollback never completed
+            if run.status != "running":  # failed or blocked with a rollback never completed
                 self.dispatcher.rollback(run.run_id, token)
                 continue
             if not run.plan:
@@ -469,6 +518,7 @@ class Executor:
                 level=run.level,
                 approver=approver,
                 detail=detail[:2000],
+                dry_run=run.dry_run,
                 ts=float(self.clock()),
             )
         )
@@ -478,6 +528,11 @@ def run_id_for(diagnosis: Diagnosis, decision: Decision) -> str:
     """A run id derived from the diagnosis: the same diagnosis delivered twice is the same run."""
     key = f"{diagnosis.incident_id}|{decision.playbook}|{sorted(decision.params.items())}|{diagnosis.ts!r}"
     return f"run-{uuid.uuid5(_RUN_NS, key).hex[:20]}"
+
+
+def _error(exc: BaseException) -> str:
+    """An exception as audit text; the type is kept when it is not one of ours (it is a bug to look at)."""
+    return str(exc) if isinstance(exc, ActuatorError) else f"{type(exc).__name__}: {exc}"
 
 
 def _describe(step: Step) -> dict[str, Any]:

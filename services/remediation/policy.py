@@ -11,8 +11,10 @@ Nothing here does I/O or reads a clock: the caller passes the policy, the regist
 5. automatic runs only: an open circuit breaker -> ``page``;
 6. cooldown per target, global rate limit and blast radius -> ``blocked``.
 
-:func:`check_guardrails` is also called again just before a run acts (an approved run included), since
-the world may have changed while it waited.
+A decision is only a forecast: the world moves while a run waits in a queue or for an approval. The
+executor asks again, inside the Postgres transaction that moves the run to ``running`` and under one
+advisory lock (:func:`start_blocks`: kill switch, circuit breaker, cooldown, rate limit, blast radius),
+and before each action (:func:`act_blocks`: kill switch, circuit breaker).
 """
 
 from __future__ import annotations
@@ -45,15 +47,27 @@ class RunSummary(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     targets: Targets = Field(default_factory=Targets)
+    rollback_pending: bool = Field(default=False, description="failed, and its rollback is still to do")
+
+
+class KillSwitch(BaseModel):
+    """The live kill switch (stored in Postgres, flipped with ``medic remediation kill-switch``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    set_by: str
+    reason: str = ""
+    since: float = 0.0
 
 
 class GuardrailState(BaseModel):
-    """A snapshot of recent runs and deployment sizes."""
+    """A snapshot of recent runs (dry runs left out: they change nothing), deployment sizes, the kill switch."""
 
     model_config = ConfigDict(frozen=True)
 
     runs: tuple[RunSummary, ...] = ()
     deployment_replicas: dict[str, int] = Field(default_factory=dict, description="'ns/name' -> replicas")
+    kill_switch: KillSwitch | None = Field(default=None, description="None: off")
 
 
 def scope_of(playbook: str, targets: Targets) -> dict[str, str]:
@@ -61,15 +75,18 @@ def scope_of(playbook: str, targets: Targets) -> dict[str, str]:
     return {"namespace": targets.namespace, "model": targets.model or targets.deployment, "playbook": playbook}
 
 
-def circuit_open(policy: PolicySpec, state: GuardrailState, now: float) -> bool:
-    """Whether enough automatic runs failed recently to stop automatic remediation."""
-    cb = policy.circuit_breaker
-    failures = [
+def _failures(policy: PolicySpec, state: GuardrailState, now: float) -> list[RunSummary]:
+    window = policy.circuit_breaker.window_s
+    return [
         r
         for r in state.runs
-        if r.automatic and r.status in FAILED and (r.finished_at or r.started_at or 0.0) >= now - cb.window_s
+        if r.automatic and r.status in FAILED and (r.finished_at or r.started_at or 0.0) >= now - window
     ]
-    return len(failures) >= cb.max_failures
+
+
+def circuit_open(policy: PolicySpec, state: GuardrailState, now: float) -> bool:
+    """Whether enough automatic runs failed recently to stop automatic remediation."""
+    return len(_failures(policy, state, now)) >= policy.circuit_breaker.max_failures
 
 
 def check_guardrails(
@@ -106,7 +123,8 @@ def check_guardrails(
     if len(recent) >= rl.max_runs:
         reasons.append(f"rate limit: {len(recent)} runs in the last {rl.window_s:.0f} s (max {rl.max_runs})")
     br = policy.blast_radius
-    active = [r for r in runs if r.status == "running"]
+    # a failed run whose rollback is still to do is still out there touching its targets
+    active = [r for r in runs if r.status == "running" or r.rollback_pending]
     if targets.nodes:
         busy = {n for r in active for n in r.targets.nodes} | set(targets.nodes)
         if len(busy) > br.max_nodes:
@@ -122,6 +140,76 @@ def check_guardrails(
         if size and out > br.max_fraction * size:
             reasons.append(f"blast radius: {out}/{size} replicas of {targets.deployment} is over {br.max_fraction:.0%}")
     return reasons
+
+
+def kill_switch_reasons(policy: PolicySpec, state: GuardrailState) -> list[str]:
+    """Why the kill switch forbids acting (empty: it is off): the YAML one for this scope, or the live one."""
+    reasons = ["kill switch is on"] if policy.kill_switch else []
+    if state.kill_switch is not None:
+        ks = state.kill_switch
+        reasons.append(f"kill switch is on (set by {ks.set_by}" + (f": {ks.reason})" if ks.reason else ")"))
+    return reasons
+
+
+def breaker_reasons(
+    policy: PolicySpec, state: GuardrailState, now: float, *, automatic: bool, in_flight_of: str | None = None
+) -> list[str]:
+    """Why the circuit breaker forbids an automatic run (empty: closed, or the run was approved by a human).
+
+    Args:
+        in_flight_of: when a run starts, its id: every *other* automatic run still running counts as a
+            failure that may yet happen. Otherwise five runs started together before any failed would
+            all act, although the breaker allows three to fail; counted this way, no more than
+            ``max_failures`` automatic runs can fail before the breaker opens. (So at most that many
+            automatic runs are in flight at once.)
+    """
+    if not automatic:
+        return []
+    cb = policy.circuit_breaker
+    if circuit_open(policy, state, now):
+        return [f"circuit breaker open: {cb.max_failures}+ automatic runs failed in {cb.window_s:.0f} s"]
+    if in_flight_of is None:
+        return []
+    failed = _failures(policy, state, now)
+    running = [r for r in state.runs if r.automatic and r.status == "running" and r.run_id != in_flight_of]
+    if len(failed) + len(running) >= cb.max_failures:
+        return [
+            f"circuit breaker: {len(failed)} automatic runs failed in {cb.window_s:.0f} s and {len(running)} are"
+            f" still running; at most {cb.max_failures} may fail before it opens"
+        ]
+    return []
+
+
+def start_blocks(
+    run_id: str, targets: Targets, policy: PolicySpec, state: GuardrailState, now: float, *, automatic: bool
+) -> list[str]:
+    """Why a proposed or approved run may not start now (empty: go).
+
+    Called inside the transaction that moves the run to ``running``, under the guardrail lock, so
+    ``state`` is exactly what every other starting run sees: two runs cannot both take the last slot.
+
+    Args:
+        run_id: the run being started (left out of ``state``).
+        targets: what it would touch.
+        policy: the policy in force for its scope.
+        state: recent runs and the live kill switch, read in the same transaction.
+        now: UNIX seconds.
+        automatic: False for a run a human approved (the circuit breaker stops automatic runs only).
+    """
+    return (
+        kill_switch_reasons(policy, state)
+        + breaker_reasons(policy, state, now, automatic=automatic, in_flight_of=run_id)
+        + check_guardrails(targets, policy, state, now, exclude_run=run_id)
+    )
+
+
+def act_blocks(policy: PolicySpec, state: GuardrailState, now: float, *, automatic: bool) -> list[str]:
+    """Why a running run must stop before its next action (empty: go on): kill switch, circuit breaker.
+
+    Cooldown, rate limit and blast radius are not asked again: the run already holds its slot, and
+    runs admitted after it counted it.
+    """
+    return kill_switch_reasons(policy, state) + breaker_reasons(policy, state, now, automatic=automatic)
 
 
 def proposal_of(diagnosis: Diagnosis) -> tuple[str | None, dict[str, Any], int | None]:
@@ -185,8 +273,8 @@ def plan_from_diagnosis(
         return Decision(
             **common, outcome="dropped", reasons=(f"level {level} is above the allowed maximum {spec.max_level}",)
         )
-    if spec.kill_switch:
-        return Decision(**common, outcome="blocked", reasons=("kill switch is on",))
+    if kill := kill_switch_reasons(spec, state):
+        return Decision(**common, outcome="blocked", reasons=tuple(kill))
     in_window = [w for w in spec.maintenance_windows if w.contains(now)]
     if level > spec.max_auto_level:
         return Decision(
@@ -200,13 +288,8 @@ def plan_from_diagnosis(
             outcome="await_approval",
             reasons=(f"maintenance window {in_window[0].reason or in_window[0].start}: a human decides",),
         )
-    if circuit_open(spec, state, now):
-        cb = spec.circuit_breaker
-        return Decision(
-            **common,
-            outcome="page",
-            reasons=(f"circuit breaker open: {cb.max_failures}+ automatic runs failed in {cb.window_s:.0f} s",),
-        )
+    if breaker := breaker_reasons(spec, state, now, automatic=True):
+        return Decision(**common, outcome="page", reasons=tuple(breaker))
     blocks = check_guardrails(targets, spec, state, now)
     if blocks:
         return Decision(**common, outcome="blocked", reasons=tuple(blocks))

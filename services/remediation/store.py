@@ -4,13 +4,21 @@ Idempotency lives here. A run id is derived from its diagnosis, so a redelivered
 run. A step row is inserted (``ON CONFLICT DO NOTHING``) and committed *before* its action runs: a
 redelivered or resumed task that finds the row never acts again. State changes are conditional
 updates (``WHERE status = ANY(...)``) so two workers cannot both move a run.
+
+Guardrails are enforced here too. :meth:`RunStore.claim_run` (a run starts) and
+:meth:`RunStore.begin_action` (a step is about to act) each run in one transaction that first takes
+``pg_advisory_xact_lock(GUARDRAIL_LOCK_ID)``, reads the guardrail state, asks the caller's check, and
+only then writes. Every writer that can change what a guardrail sees at start (a claim, the kill
+switch) takes the same lock, so two runs starting at once are serialised: the second one sees the
+first as ``running``. The lock is held for a few queries, never while an actuator acts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -21,13 +29,23 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.core.errors import StoreError
 from services.core.settings import Settings
 from services.remediation.model import Decision, Step, Targets
-from services.remediation.policy import GuardrailState, RunSummary
+from services.remediation.policy import GuardrailState, KillSwitch, RunSummary
 from services.store.db import connect
+
+# Any constant works; it only has to be the same in every process (and differ from the migration lock).
+GUARDRAIL_LOCK_ID = 0x436C4D6547  # "ClMeG"
+# How far back the guardrails look (cooldowns, rate limits and breaker windows must fit in it).
+GUARDRAIL_WINDOW_S = 86_400.0
+
+Query = Callable[[str, Sequence[Any]], list[dict[str, Any]]]
+GuardrailCheck = Callable[[GuardrailState], list[str]]
 
 _RUN_COLS = """run_id, incident_id, playbook, level, params, status, decided_by, dry_run, detail, automatic,
     targets, scope, reasons, observed, plan, rollback_plan, rollback_state, token,
     extract(epoch FROM created_at) AS created_at, extract(epoch FROM started_at) AS started_at,
     extract(epoch FROM finished_at) AS finished_at, extract(epoch FROM lease_until) AS lease_until"""
+_STEP_COLS = """step_id, run_id, position, name, kind, status, attempts, output,
+    extract(epoch FROM started_at) AS started_at, extract(epoch FROM finished_at) AS finished_at"""
 
 
 class RunRow(BaseModel):
@@ -91,6 +109,40 @@ class ApprovalRow(BaseModel):
     comment: str = ""
 
 
+class Claim(BaseModel):
+    """What :meth:`RunStore.claim_run` did.
+
+    Attributes:
+        outcome: ``claimed`` (now ``running`` under the new token), ``blocked`` (a guardrail said no;
+            the run is ``blocked`` with the reasons as its detail) or ``stale`` (the run was not in a
+            claimable status: another worker took it, or it was handled before).
+        reasons: the guardrails' reasons when blocked.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    outcome: str
+    reasons: tuple[str, ...] = ()
+
+
+class ActionStart(BaseModel):
+    """What :meth:`RunStore.begin_action` did.
+
+    Attributes:
+        created: the step row was inserted now (False: it existed, see ``step``).
+        step: the step row (None when stale or blocked).
+        reasons: the guardrails' reasons when they forbid the action (then no row was written).
+        stale: the run is not running under the caller's token.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    created: bool = False
+    step: StepRow | None = None
+    reasons: tuple[str, ...] = ()
+    stale: bool = False
+
+
 def step_id(run_id: str, kind: str, position: int) -> str:
     """The deterministic id of a step: the same step of the same run always has the same id."""
     return f"{run_id}:{kind}:{position}"
@@ -121,6 +173,26 @@ class RunStore:
             try:
                 cur = self._c().execute(sql.encode(), params)
                 return list(cur.fetchall()) if cur.description else []
+            except psycopg.OperationalError as exc:
+                self.close()
+                raise StoreError(f"remediation store: {exc}") from exc
+            except psycopg.Error as exc:
+                raise StoreError(f"remediation store: {exc}") from exc
+
+    @contextlib.contextmanager
+    def _guarded(self) -> Iterator[Query]:
+        """One transaction holding the guardrail advisory lock; yields a query function bound to it."""
+        with self._lock:
+            conn = self._c()
+
+            def q(sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+                cur = conn.execute(sql.encode(), params)
+                return list(cur.fetchall()) if cur.description else []
+
+            try:
+                with conn.transaction():
+                    q("SELECT pg_advisory_xact_lock(%s)", (GUARDRAIL_LOCK_ID,))
+                    yield q
             except psycopg.OperationalError as exc:
                 self.close()
                 raise StoreError(f"remediation store: {exc}") from exc
@@ -217,6 +289,81 @@ class RunStore:
         rows = self._q(f"UPDATE remediation_runs SET {', '.join(sets)} WHERE {where} RETURNING run_id", args)
         return bool(rows)
 
+    def claim_run(
+        self,
+        run_id: str,
+        from_status: Iterable[str],
+        check: GuardrailCheck,
+        *,
+        now: float,
+        token: str,
+        lease_until: float,
+    ) -> Claim:
+        """Move a run to ``running`` if, in the same transaction, ``check`` finds no reason against it.
+
+        Under the guardrail lock: the run row is read (``stale`` unless it is in ``from_status``), the
+        guardrail state is read, and ``check(state)`` decides. No reasons: the run becomes ``running``
+        with ``token`` and its lease. Reasons: it becomes ``blocked`` (finished) with them as detail.
+
+        Args:
+            run_id: the run to start.
+            from_status: the statuses it may start from (``proposed``, ``approved``).
+            check: pure; returns the reasons the run may not start (see policy.start_blocks).
+            now: UNIX seconds (the guardrail window ends here).
+            token: the run's new execution token.
+            lease_until: UNIX seconds until which the recovery sweep leaves the run alone.
+        """
+        with self._guarded() as q:
+            rows = q(
+                "SELECT status FROM remediation_runs WHERE run_id = %s AND status = ANY(%s) FOR UPDATE",
+                (run_id, list(from_status)),
+            )
+            if not rows:
+                return Claim(outcome="stale")
+            reasons = check(self._guardrail_state(q, now))
+            if reasons:
+                q(
+                    "UPDATE remediation_runs SET status = 'blocked', detail = %s, finished_at = now(),"
+                    " updated_at = now() WHERE run_id = %s",
+                    ("; ".join(reasons), run_id),
+                )
+                return Claim(outcome="blocked", reasons=tuple(reasons))
+            q(
+                """UPDATE remediation_runs SET status = 'running', token = %s, detail = '',
+                       started_at = coalesce(started_at, now()), lease_until = to_timestamp(%s), updated_at = now()
+                   WHERE run_id = %s""",
+                (token, lease_until, run_id),
+            )
+            return Claim(outcome="claimed")
+
+    def begin_action(
+        self, run_id: str, token: str, position: int, name: str, check: GuardrailCheck, *, now: float
+    ) -> ActionStart:
+        """Record an action step as running, only if the run still runs and ``check`` finds no reason against it.
+
+        The check and the step row share one transaction under the guardrail lock, so once the kill
+        switch is committed no action begins that had not begun before.
+        """
+        with self._guarded() as q:
+            rows = q(
+                "SELECT 1 FROM remediation_runs WHERE run_id = %s AND status = 'running' AND token = %s",
+                (run_id, token),
+            )
+            if not rows:
+                return ActionStart(stale=True)
+            reasons = check(self._guardrail_state(q, now))
+            if reasons:
+                return ActionStart(reasons=tuple(reasons))
+            sid = step_id(run_id, "action", position)
+            created = q(
+                """INSERT INTO remediation_steps (step_id, run_id, position, name, kind, status, attempts, started_at)
+                   VALUES (%s, %s, %s, %s, 'action', 'running', 1, now())
+                   ON CONFLICT DO NOTHING RETURNING step_id""",
+                (sid, run_id, position, name),
+            )
+            step = q(f"SELECT {_STEP_COLS} FROM remediation_steps WHERE step_id = %s", (sid,))
+            return ActionStart(created=bool(created), step=_step(step[0]))
+
     def set_plan(self, run_id: str, observed: dict[str, Any], plan: list[Step], rollback: list[Step]) -> None:
         """Freeze what the precheck saw and the steps it implies."""
         self._q(
@@ -238,13 +385,19 @@ class RunStore:
             (until, run_id, token),
         )
 
-    def set_token(self, run_id: str, token: str, lease_until: float) -> None:
-        """Give a run a new execution token (older Celery messages become no-ops)."""
-        self._q(
-            "UPDATE remediation_runs SET token = %s, lease_until = to_timestamp(%s), updated_at = now()"
-            " WHERE run_id = %s",
-            (token, lease_until, run_id),
+    def claim_stale(self, run_id: str, token: str, now: float, lease_until: float) -> bool:
+        """Give a stale run a new execution token, only if its lease still lapsed (False: someone else did).
+
+        Every worker runs the recovery sweep on a schedule; this conditional update lets exactly one
+        sweep take each abandoned run, and makes every older Celery message of the run a no-op.
+        """
+        rows = self._q(
+            """UPDATE remediation_runs SET token = %s, lease_until = to_timestamp(%s), updated_at = now()
+               WHERE run_id = %s AND (status = 'running' OR rollback_state = 'pending')
+                 AND (lease_until IS NULL OR lease_until < to_timestamp(%s)) RETURNING run_id""",
+            (token, lease_until, run_id, now),
         )
+        return bool(rows)
 
     def set_rollback_state(self, run_id: str, state: str) -> None:
         """'' (none needed), 'pending' (to do) or 'done'."""
@@ -259,14 +412,6 @@ class RunStore:
             (now,),
         )
         return [_run(r) for r in rows]
-
-    def next_lease_expiry(self) -> float | None:
-        """The earliest lease of a run still in flight (None when none)."""
-        rows = self._q(
-            "SELECT extract(epoch FROM min(lease_until)) AS t FROM remediation_runs"
-            " WHERE status = 'running' OR rollback_state = 'pending'"
-        )
-        return float(rows[0]["t"]) if rows and rows[0]["t"] is not None else None
 
     # ------------------------------------------------------------------------------ steps
 
@@ -285,21 +430,13 @@ class RunStore:
 
     def get_step(self, sid: str) -> StepRow | None:
         """One step, or None."""
-        rows = self._q(
-            """SELECT step_id, run_id, position, name, kind, status, attempts, output,
-                      extract(epoch FROM started_at) AS started_at, extract(epoch FROM finished_at) AS finished_at
-               FROM remediation_steps WHERE step_id = %s""",
-            (sid,),
-        )
+        rows = self._q(f"SELECT {_STEP_COLS} FROM remediation_steps WHERE step_id = %s", (sid,))
         return _step(rows[0]) if rows else None
 
     def steps(self, run_id: str) -> list[StepRow]:
         """Every step of a run in the order recorded."""
         rows = self._q(
-            """SELECT step_id, run_id, position, name, kind, status, attempts, output,
-                      extract(epoch FROM started_at) AS started_at, extract(epoch FROM finished_at) AS finished_at
-               FROM remediation_steps WHERE run_id = %s ORDER BY started_at, position""",
-            (run_id,),
+            f"SELECT {_STEP_COLS} FROM remediation_steps WHERE run_id = %s ORDER BY started_at, position", (run_id,)
         )
         return [_step(r) for r in rows]
 
@@ -384,16 +521,50 @@ class RunStore:
 
     # ------------------------------------------------------------------------- guardrails
 
-    def guardrail_state(self, now: float, window_s: float = 86_400.0) -> GuardrailState:
-        """Recent runs for the guardrails (cooldown, rate limit, blast radius, circuit breaker)."""
-        rows = self._q(
-            """SELECT run_id, playbook, status, automatic, targets,
+    def guardrail_state(self, now: float) -> GuardrailState:
+        """A snapshot for decisions (not atomic with anything: the executor checks again at start)."""
+        return self._guardrail_state(self._q, now)
+
+    @staticmethod
+    def _guardrail_state(q: Query, now: float) -> GuardrailState:
+        """Recent non-dry runs (cooldown, rate limit, blast radius, circuit breaker) and the live kill switch."""
+        since = now - GUARDRAIL_WINDOW_S
+        rows = q(
+            """SELECT run_id, playbook, status, automatic, targets, rollback_state = 'pending' AS rollback_pending,
                       extract(epoch FROM started_at) AS started_at, extract(epoch FROM finished_at) AS finished_at
                FROM remediation_runs
-               WHERE status = 'running' OR started_at >= to_timestamp(%s) OR finished_at >= to_timestamp(%s)""",
-            (now - window_s, now - window_s),
+               WHERE NOT dry_run AND (status = 'running' OR rollback_state = 'pending'
+                     OR started_at >= to_timestamp(%s) OR finished_at >= to_timestamp(%s))""",
+            (since, since),
         )
-        return GuardrailState(runs=tuple(RunSummary.model_validate(_floats(r)) for r in rows))
+        ks = q(
+            "SELECT set_by, reason, extract(epoch FROM updated_at) AS since FROM remediation_controls"
+            " WHERE name = 'kill_switch' AND enabled",
+            (),
+        )
+        return GuardrailState(
+            runs=tuple(RunSummary.model_validate(_floats(r)) for r in rows),
+            kill_switch=KillSwitch.model_validate(_floats(ks[0])) if ks else None,
+        )
+
+    def set_kill_switch(self, enabled: bool, *, set_by: str, reason: str = "") -> None:
+        """Turn the live kill switch on or off (under the guardrail lock: once this returns, no run
+        starts and no action begins until it is turned off; rollbacks still run)."""
+        with self._guarded() as q:
+            q(
+                """INSERT INTO remediation_controls (name, enabled, set_by, reason) VALUES ('kill_switch', %s, %s, %s)
+                   ON CONFLICT (name) DO UPDATE SET enabled = EXCLUDED.enabled, set_by = EXCLUDED.set_by,
+                       reason = EXCLUDED.reason, updated_at = now()""",
+                (enabled, set_by, reason),
+            )
+
+    def kill_switch(self) -> KillSwitch | None:
+        """The live kill switch when it is on, else None."""
+        rows = self._q(
+            "SELECT set_by, reason, extract(epoch FROM updated_at) AS since FROM remediation_controls"
+            " WHERE name = 'kill_switch' AND enabled"
+        )
+        return KillSwitch.model_validate(_floats(rows[0])) if rows else None
 
     def mark_incident_mitigated(self, incident_id: str) -> dict[str, Any] | None:
         """Mark the incident mitigated (if it is stored and still open); return its row."""

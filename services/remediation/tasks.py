@@ -10,25 +10,26 @@ clustermedic.remediation.act      remediation  early       never (changes the wo
 clustermedic.remediation.verify   verify       late        autoretry on VerificationPending, backoff
 clustermedic.remediation.finish   default      late        none needed (idempotent)
 clustermedic.remediation.rollback remediation  early       never (changes the world)
-clustermedic.remediation.recover  default      late        reschedules itself while runs are in flight
+clustermedic.remediation.recover  default      late        none: sent at worker start, then by beat
 ================================  ===========  ==========  =====================================
 
 A run executes as one Celery chain: act(0) -> verify(0) -> act(1) -> ... -> finish. A task whose run
-token is stale raises ``Ignore``, which stops its chain without a retry. When a worker starts it sends
-``recover``, which resumes runs whose lease lapsed.
+token is stale, or whose next action a guardrail now forbids, raises ``Ignore``, which stops its chain
+without a retry. ``recover`` resumes runs whose lease lapsed: a worker sends it when it starts, and
+Celery beat sends it every ``CLUSTERMEDIC_REMEDIATION_RECOVER_INTERVAL_S`` (``medic worker`` embeds
+beat; see services/celery_app.py), so a run whose worker died is picked up by any surviving worker.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from celery import Task, chain
 from celery.exceptions import Ignore
 from celery.signals import worker_ready
 
-from services.celery_app import app
+from services.celery_app import RECOVER_TASK, app
 from services.core.settings import Settings
 from services.remediation.config import RemediationSettings
 from services.remediation.errors import ActuatorError, VerificationFailed, VerificationPending
@@ -129,15 +130,10 @@ def rollback(run_id: str, token: str) -> None:
     executor().rollback(run_id, token)
 
 
-@app.task(name="clustermedic.remediation.recover", acks_late=True)
+@app.task(name=RECOVER_TASK, acks_late=True)
 def recover() -> list[str]:
-    """Resume runs whose worker died; reschedule itself while runs are in flight."""
-    ex = executor()
-    touched = ex.recover()
-    nxt = ex.store.next_lease_expiry()
-    if nxt is not None:
-        recover.apply_async(queue="default", countdown=max(1.0, nxt - time.time() + 0.5))
-    return touched
+    """Resume runs whose worker died (safe to run on every worker at once: each run is claimed once)."""
+    return executor().recover()
 
 
 @worker_ready.connect

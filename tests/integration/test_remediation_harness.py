@@ -45,6 +45,8 @@ class SimServer:
     url: str
     server: uvicorn.Server
     slow: dict[str, float] = field(default_factory=dict)
+    # action kinds answered "200 OK" with an HTML page (a proxy's error page): the client cannot parse it
+    broken: set[str] = field(default_factory=set)
     arrived: dict[str, threading.Event] = field(default_factory=dict)
     ticking: threading.Event = field(default_factory=threading.Event)
 
@@ -66,6 +68,11 @@ def sim_server(scenario: str = "xid79", seed: int = 0, start_at: float = 330.0) 
     @app.middleware("http")
     async def slow_actions(request: Any, call_next: Callable[[Any], Any]) -> Any:
         kind = request.url.path.rsplit("/", 1)[-1]
+        if request.method == "POST" and kind in box.broken:
+            from starlette.responses import HTMLResponse
+
+            box.arrived.setdefault(kind, threading.Event()).set()
+            return HTMLResponse("<html><body>502 upstream unavailable</body></html>", status_code=200)
         if request.method == "POST" and kind in box.slow:
             box.arrived.setdefault(kind, threading.Event()).set()
             import asyncio
@@ -127,9 +134,17 @@ class Worker:
         self.env = env
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.name = ""  # the Celery node name of the current process (for control.inspect)
+        self._offset = 0
 
     def start(self, timeout_s: float = 60.0) -> None:
-        offset = self.log.stat().st_size if self.log.exists() else 0
+        self.launch()
+        self.wait_ready(timeout_s)
+
+    def launch(self) -> None:
+        """Start the process without waiting (start several, then wait_ready on each)."""
+        self._offset = self.log.stat().st_size if self.log.exists() else 0
+        self.name = f"rem-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [
@@ -140,7 +155,7 @@ class Worker:
                     "--concurrency",
                     "2",
                     "--name",
-                    f"rem-{uuid.uuid4().hex[:6]}@%h",
+                    self.name,
                 ],
                 cwd=REPO,
                 stdout=out,
@@ -148,8 +163,11 @@ class Worker:
                 env=self.env,
                 start_new_session=True,
             )
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout_s
-        while b" ready." not in self.log.read_bytes()[offset:]:
+        while b" ready." not in self.log.read_bytes()[self._offset :]:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"worker did not start:\n{self.log.read_text()[-3000:]}")
             time.sleep(0.1)

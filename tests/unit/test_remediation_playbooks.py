@@ -136,3 +136,35 @@ def test_slack_signature_is_hmac_of_v0_timestamp_body_and_stale_requests_are_ref
     ]:
         with pytest.raises(SignatureError):
             verify_signature(*args[:4], now=args[4])
+
+
+@pytest.mark.parametrize("name", ["cordon_node", "drain_node", "reboot_node"])
+def test_a_node_a_human_cordoned_before_the_run_stays_cordoned_on_rollback_and_on_success(name: str):
+    pb = load_playbook(playbook_registry(), name)
+    act = MemoryActuator()
+    params = pb.parse({"node": "n1"})
+    pre = pb.precheck(params, act)
+    assert pre.ok and pre.observed["schedulable"] is True
+    assert [s.action.op for s in pb.rollback(params, pre.observed) if s.action] == ["uncordon_node"]
+
+    act.objects[("node", "n1")]["schedulable"] = False  # a human cordoned it before the run
+    pre = pb.precheck(params, act)
+    assert pre.ok and pre.observed["schedulable"] is False
+    assert pb.rollback(params, pre.observed) == [], "the rollback would uncordon a node a human had cordoned"
+    ops = [s.action.op for s in pb.steps(params, pre.observed) if s.action]
+    assert "uncordon_node" not in ops, f"{name} would end by uncordoning a node a human had cordoned: {ops}"
+
+
+def test_a_node_rollback_whose_pre_run_state_is_unknown_leaves_the_node_cordoned():
+    pb = load_playbook(playbook_registry(), "drain_node")
+    assert pb.rollback(pb.parse({"node": "n1"}), {"node": "n1"}) == []
+
+
+def test_uncordon_rollback_cordons_again_only_a_node_that_was_cordoned_before():
+    pb = load_playbook(playbook_registry(), "uncordon_node")
+    act = MemoryActuator()
+    params = pb.parse({"node": "n1"})
+    assert pb.rollback(params, pb.precheck(params, act).observed) == [], "it was schedulable: nothing to restore"
+    act.objects[("node", "n1")]["schedulable"] = False
+    rb = pb.rollback(params, pb.precheck(params, act).observed)
+    assert [s.action.op for s in rb if s.action] == ["cordon_node"]

@@ -164,3 +164,64 @@ def test_maintenance_windows_send_automatic_runs_to_a_human(window: dict[str, An
     assert dt.datetime.fromtimestamp(NOW, dt.UTC).strftime("%a %H:%M") == "Mon 16:00"
     d = plan_from_diagnosis(diagnosis(*RESTART), policy(maintenance_windows=[window]), REG)
     assert d.outcome == ("await_approval" if inside else "execute")
+
+
+def test_start_checks_kill_switch_breaker_and_guardrails_leaving_the_run_itself_out():
+    from services.remediation.policy import KillSwitch, start_blocks
+
+    spec = policy().resolve({})
+    me = run("me", "running", 0, nodes=("n1",))  # the run being started is already in the snapshot
+    assert start_blocks("me", Targets(nodes=("n1",)), spec, GuardrailState(runs=(me,)), NOW, automatic=True) == []
+    other = run("other", "running", 1, nodes=("n2",))
+    blocks = start_blocks("me", Targets(nodes=("n1",)), spec, GuardrailState(runs=(other,)), NOW, automatic=True)
+    assert blocks and "blast radius" in blocks[0]
+    failures = tuple(run(f"f{i}", "failed", 60 + i, pods=(f"x{i}",)) for i in range(3))
+    state = GuardrailState(runs=failures)
+    assert "circuit breaker" in start_blocks("me", Targets(pods=("p",)), spec, state, NOW, automatic=True)[0]
+    assert start_blocks("me", Targets(pods=("p",)), spec, state, NOW, automatic=False) == [], "a human approved it"
+    live = GuardrailState(kill_switch=KillSwitch(set_by="alice", reason="incident review"))
+    blocks = start_blocks("me", Targets(pods=("p",)), spec, live, NOW, automatic=False)
+    assert blocks == ["kill switch is on (set by alice: incident review)"]
+
+
+def test_before_each_action_only_kill_switch_and_breaker_are_asked_again():
+    from services.remediation.policy import KillSwitch, act_blocks
+
+    spec = policy(rate_limit={"max_runs": 1, "window_s": 3600}).resolve({})
+    busy = GuardrailState(runs=tuple(run(f"r{i}", "running", 5, pods=(f"p{i}",)) for i in range(3)))
+    assert act_blocks(spec, busy, NOW, automatic=True) == [], "a running run keeps the slot it was admitted to"
+    assert act_blocks(spec, GuardrailState(kill_switch=KillSwitch(set_by="bob")), NOW, automatic=True)
+    failures = GuardrailState(runs=tuple(run(f"f{i}", "rolled_back", 60, pods=(f"x{i}",)) for i in range(3)))
+    assert act_blocks(spec, failures, NOW, automatic=True) and not act_blocks(spec, failures, NOW, automatic=False)
+
+
+def test_a_failed_run_whose_rollback_is_pending_still_counts_toward_the_blast_radius():
+    pending = RunSummary(
+        run_id="r0",
+        playbook="drain_node",
+        status="failed",
+        rollback_pending=True,
+        started_at=NOW - 30,
+        targets=Targets(nodes=("n1",)),
+    )
+    assert check_guardrails(Targets(nodes=("n2",)), policy().resolve({}), GuardrailState(runs=(pending,)), NOW)
+
+
+def test_the_live_kill_switch_blocks_decisions_too():
+    from services.remediation.policy import KillSwitch
+
+    state = GuardrailState(kill_switch=KillSwitch(set_by="alice"))
+    d = plan_from_diagnosis(diagnosis(*RESTART), policy(), REG, state=state)
+    assert d.outcome == "blocked" and "set by alice" in d.reasons[0]
+
+
+def test_at_start_running_automatic_runs_count_as_failures_that_may_yet_happen():
+    from services.remediation.policy import start_blocks
+
+    spec = policy(circuit_breaker={"max_failures": 3, "window_s": 3600}).resolve({})
+    two_running = GuardrailState(runs=tuple(run(f"r{i}", "running", 1, pods=(f"p{i}",)) for i in range(2)))
+    assert start_blocks("me", Targets(pods=("q",)), spec, two_running, NOW, automatic=True) == []
+    one_failed = GuardrailState(runs=(*two_running.runs, run("f", "rolled_back", 30, pods=("x",))))
+    blocks = start_blocks("me", Targets(pods=("q",)), spec, one_failed, NOW, automatic=True)
+    assert blocks and "1 automatic runs failed" in blocks[0] and "2 are still running" in blocks[0]
+    assert start_blocks("me", Targets(pods=("q",)), spec, one_failed, NOW, automatic=False) == []

@@ -1,4 +1,9 @@
-"""Shared pieces of the node playbooks: node parameters and the cordon / drain / uncordon steps."""
+"""Shared pieces of the node playbooks: node parameters and the cordon / drain / uncordon steps.
+
+A node playbook restores the node as it found it: the precheck records whether the node was
+schedulable (:func:`observe_node`), and neither the rollback nor the playbook's own last step
+uncordons a node that was already cordoned before the run (a human may have cordoned it on purpose).
+"""
 
 from __future__ import annotations
 
@@ -67,3 +72,19 @@ def uncordon(node: str, name: str = "uncordon") -> Step:
         verify=VerifySpec(check="node_schedulable", target=node),
         timeout_s=60.0,
     )
+
+
+def observe_node(node: str, actuator: Actuator, namespace: str = "") -> dict[str, Any]:
+    """What the precheck records about a node for the rollback: its name and whether it was schedulable."""
+    view = actuator.describe("node", node, namespace) or {}
+    return {"node": node, "schedulable": bool(view.get("schedulable", False))}
+
+
+def was_schedulable(observed: dict[str, Any]) -> bool:
+    """Whether the precheck saw the node schedulable (unknown counts as no: leaving it cordoned is safe)."""
+    return bool(observed.get("node")) and observed.get("schedulable") is True
+
+
+def restore_schedulable(observed: dict[str, Any]) -> list[Step]:
+    """The rollback of a playbook that cordons: uncordon the node only if it was schedulable before the run."""
+    return [uncordon(observed["node"])] if was_schedulable(observed) else []

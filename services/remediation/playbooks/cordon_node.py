@@ -7,14 +7,14 @@ from typing import Any
 from services.remediation.actuators.base import Actuator
 from services.remediation.model import PrecheckResult, Step, Targets
 from services.remediation.playbook import Playbook, require
-from services.remediation.playbooks._node import NodeParams, cordon, resolve_node, uncordon
+from services.remediation.playbooks._node import NodeParams, cordon, observe_node, resolve_node, restore_schedulable
 
 
 class CordonNodePlaybook(Playbook):
     """Cordon a node: no new pods are scheduled on it; running pods keep serving.
 
     Use as the first, harmless response to a suspect node (XID, ECC errors, flapping kubelet) so
-    replacements land elsewhere. Rollback uncordons it.
+    replacements land elsewhere. Rollback uncordons it, unless it was already cordoned before the run.
     """
 
     name = "cordon_node"
@@ -28,13 +28,15 @@ class CordonNodePlaybook(Playbook):
         if reason := require(actuator, "cordon_node", "uncordon_node"):
             return PrecheckResult(ok=False, reason=reason)
         node, problem = resolve_node(params, actuator)
-        return PrecheckResult(ok=not problem, reason=problem, observed={"node": node})
+        if problem:
+            return PrecheckResult(ok=False, reason=problem)
+        return PrecheckResult(ok=True, observed=observe_node(node, actuator, params.namespace))
 
     def steps(self, params: Any, observed: dict[str, Any]) -> list[Step]:
         return [cordon(observed["node"])]
 
     def rollback(self, params: Any, observed: dict[str, Any]) -> list[Step]:
-        return [uncordon(observed["node"])] if observed.get("node") else []
+        return restore_schedulable(observed)
 
 
 def _gpus(params: Any) -> tuple[str, ...]:

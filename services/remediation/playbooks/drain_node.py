@@ -7,14 +7,22 @@ from typing import Any
 from services.remediation.actuators.base import Actuator
 from services.remediation.model import PrecheckResult, Step, Targets
 from services.remediation.playbook import Playbook, require
-from services.remediation.playbooks._node import NodeParams, cordon, drain, resolve_node, uncordon
+from services.remediation.playbooks._node import (
+    NodeParams,
+    cordon,
+    drain,
+    observe_node,
+    resolve_node,
+    restore_schedulable,
+)
 
 
 class DrainNodePlaybook(Playbook):
     """Cordon a node and evict its pods through the eviction API (PodDisruptionBudgets are honoured).
 
     Use before hardware work or when a node keeps failing pods. Every replica on the node moves, so
-    it needs approval. Verified when no workload pod is left. Rollback uncordons the node.
+    it needs approval. Verified when no workload pod is left. Rollback uncordons the node, unless it
+    was already cordoned before the run.
     """
 
     name = "drain_node"
@@ -28,11 +36,13 @@ class DrainNodePlaybook(Playbook):
         if reason := require(actuator, "cordon_node", "drain_node", "uncordon_node"):
             return PrecheckResult(ok=False, reason=reason)
         node, problem = resolve_node(params, actuator)
-        return PrecheckResult(ok=not problem, reason=problem, observed={"node": node})
+        if problem:
+            return PrecheckResult(ok=False, reason=problem)
+        return PrecheckResult(ok=True, observed=observe_node(node, actuator, params.namespace))
 
     def steps(self, params: Any, observed: dict[str, Any]) -> list[Step]:
         node = observed["node"]
         return [cordon(node), drain(node, params.drain_timeout_s)]
 
     def rollback(self, params: Any, observed: dict[str, Any]) -> list[Step]:
-        return [uncordon(observed["node"])] if observed.get("node") else []
+        return restore_schedulable(observed)

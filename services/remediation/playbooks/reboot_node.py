@@ -9,7 +9,15 @@ from pydantic import Field
 from services.remediation.actuators.base import Actuator
 from services.remediation.model import ActionSpec, PrecheckResult, Step, Targets, VerifySpec
 from services.remediation.playbook import Playbook, require
-from services.remediation.playbooks._node import NodeParams, cordon, drain, resolve_node, uncordon
+from services.remediation.playbooks._node import (
+    NodeParams,
+    cordon,
+    drain,
+    resolve_node,
+    restore_schedulable,
+    uncordon,
+    was_schedulable,
+)
 
 
 class RebootNodeParams(NodeParams):
@@ -23,7 +31,8 @@ class RebootNodePlaybook(Playbook):
 
     Use for XIDs whose required action is "restart the bare-metal host / VM" (XID 79 GPU fallen off
     the bus, 119/120 GSP timeouts) and for a kubelet that keeps flapping. Every replica on the node
-    moves and the node is gone for minutes, so it needs approval. Rollback uncordons the node.
+    moves and the node is gone for minutes, so it needs approval. Rollback uncordons the node. A node
+    that was cordoned before the run stays cordoned, on success and on rollback.
     """
 
     name = "reboot_node"
@@ -46,7 +55,7 @@ class RebootNodePlaybook(Playbook):
         view = actuator.describe("node", node, params.namespace) or {}
         if view.get("rebooting"):
             return PrecheckResult(ok=False, reason=f"node {node} is already rebooting")
-        return PrecheckResult(ok=True, observed={"node": node, "schedulable": view.get("schedulable", True)})
+        return PrecheckResult(ok=True, observed={"node": node, "schedulable": bool(view.get("schedulable", False))})
 
     def steps(self, params: Any, observed: dict[str, Any]) -> list[Step]:
         node = observed["node"]
@@ -60,8 +69,8 @@ class RebootNodePlaybook(Playbook):
                 verify=VerifySpec(check="node_ready", target=node, params={"gpus_healthy": True}),
                 timeout_s=params.reboot_timeout_s,
             ),
-            uncordon(node),
+            *([uncordon(node)] if was_schedulable(observed) else []),
         ]
 
     def rollback(self, params: Any, observed: dict[str, Any]) -> list[Step]:
-        return [uncordon(observed["node"])] if observed.get("node") else []
+        return restore_schedulable(observed)

@@ -9,7 +9,14 @@ from pydantic import Field
 from services.remediation.actuators.base import Actuator
 from services.remediation.model import ActionSpec, PrecheckResult, Step, Targets, VerifySpec
 from services.remediation.playbook import Playbook, PlaybookParams, require
-from services.remediation.playbooks._node import cordon, drain, uncordon
+from services.remediation.playbooks._node import (
+    cordon,
+    drain,
+    observe_node,
+    restore_schedulable,
+    uncordon,
+    was_schedulable,
+)
 
 
 class ResetGpuParams(PlaybookParams):
@@ -25,7 +32,8 @@ class ResetGpuPlaybook(Playbook):
 
     Use for XIDs whose required action is "reset GPU" (e.g. 48 double-bit ECC, 94/95 contained and
     uncontained ECC, NVLink errors). A GPU reset needs every process on the GPU gone, hence the drain.
-    Verified when the GPU reports healthy with no pending XID. Rollback uncordons the node.
+    Verified when the GPU reports healthy with no pending XID. Rollback uncordons the node; a node
+    that was cordoned before the run stays cordoned.
     """
 
     name = "reset_gpu"
@@ -41,7 +49,8 @@ class ResetGpuPlaybook(Playbook):
         gpu = actuator.describe("gpu", params.gpu, params.namespace)
         if gpu is None:
             return PrecheckResult(ok=False, reason=f"GPU {params.gpu} not found")
-        return PrecheckResult(ok=True, observed={"node": gpu["node"], "xid": gpu.get("xid", 0)})
+        observed = observe_node(gpu["node"], actuator, params.namespace)
+        return PrecheckResult(ok=True, observed={**observed, "xid": gpu.get("xid", 0)})
 
     def steps(self, params: Any, observed: dict[str, Any]) -> list[Step]:
         node = observed["node"]
@@ -55,8 +64,8 @@ class ResetGpuPlaybook(Playbook):
                 verify=VerifySpec(check="gpu_healthy", target=params.gpu),
                 timeout_s=params.reset_timeout_s,
             ),
-            uncordon(node),
+            *([uncordon(node)] if was_schedulable(observed) else []),
         ]
 
     def rollback(self, params: Any, observed: dict[str, Any]) -> list[Step]:
-        return [uncordon(observed["node"])] if observed.get("node") else []
+        return restore_schedulable(observed)

@@ -7,13 +7,13 @@ from typing import Any
 from services.remediation.actuators.base import Actuator
 from services.remediation.model import PrecheckResult, Step, Targets
 from services.remediation.playbook import Playbook, require
-from services.remediation.playbooks._node import NodeParams, cordon, resolve_node, uncordon
+from services.remediation.playbooks._node import NodeParams, cordon, observe_node, resolve_node, uncordon
 
 
 class UncordonNodePlaybook(Playbook):
     """Uncordon a node so pods are scheduled on it again (after a repair was verified).
 
-    Refuses when the node is not Ready. Rollback cordons it again.
+    Refuses when the node is not Ready. Rollback cordons it again if it was cordoned before the run.
     """
 
     name = "uncordon_node"
@@ -32,10 +32,11 @@ class UncordonNodePlaybook(Playbook):
         view = actuator.describe("node", node, params.namespace) or {}
         if not view.get("ready"):
             return PrecheckResult(ok=False, reason=f"node {node} is not Ready")
-        return PrecheckResult(ok=True, observed={"node": node})
+        return PrecheckResult(ok=True, observed=observe_node(node, actuator, params.namespace))
 
     def steps(self, params: Any, observed: dict[str, Any]) -> list[Step]:
         return [uncordon(observed["node"])]
 
     def rollback(self, params: Any, observed: dict[str, Any]) -> list[Step]:
-        return [cordon(observed["node"])] if observed.get("node") else []
+        # cordon again only a node that was cordoned before the run (restore, never add)
+        return [cordon(observed["node"])] if observed.get("node") and observed.get("schedulable") is False else []
