@@ -18,6 +18,11 @@ Three agents, one per telemetry topic:
 
 The learned detectors' and the log miner's state is worker-local: their models come from the
 ``detector_models`` table and their short windows refill from the stream after a restart.
+
+Every anomaly leaves with its :class:`~services.core.events.Provenance` (docs/security.md): a metric
+detector's from the batch it read (:func:`metric_provenance`: DCGM and NVML metrics are trusted for GPU
+faults), the learned detectors' as ``detector``, the Kubernetes rules' as ``kube_api``; the log
+detector stamps its own, line by line, from each line's stream.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pydantic import ValidationError
 from pipelines.app import Pipeline
 from pipelines.detectors.base import Detector
 from pipelines.features import FeatureState, FeatureVector, extract
-from services.core.events import Anomaly, KubeEvent, LogRecord, MetricBatch
+from services.core.events import FACT_GPU_FAULT, FACT_TOPOLOGY, Anomaly, KubeEvent, LogRecord, MetricBatch, Provenance
 from services.core.settings import Settings
 from services.store.detector_models import StoredModel
 
@@ -68,6 +73,33 @@ class DetectorSet:
                     f"detector {detector.name} consumes {detector.consumes}, which no agent feeds"
                 ) from None
         return out
+
+
+GPU_METRIC_PREFIX = "DCGM_FI_"
+LEARNED_PROVENANCE = Provenance(source="detector", stream="features", trusted=(FACT_TOPOLOGY,))
+"""The learned detectors judge features of metrics ClusterMedic scraped: a target, never a GPU fault."""
+KUBE_PROVENANCE = Provenance(source="kube_api", stream="events", trusted=(FACT_TOPOLOGY,))
+"""Kubernetes events come from the API server's watch: they name real objects, not GPU faults."""
+
+
+def metric_provenance(batch: MetricBatch) -> Provenance:
+    """The provenance of anomalies found in one metric batch.
+
+    A batch from the NVML reader, or one holding DCGM exporter fields (``DCGM_FI_*``), is a trusted GPU
+    source; any other batch (vLLM, kube-state-metrics) names real targets but no GPU fault.
+    """
+    if batch.source == "nvml":
+        return Provenance(source="nvml", stream=batch.source, trusted=(FACT_GPU_FAULT, FACT_TOPOLOGY))
+    if any(sample.name.startswith(GPU_METRIC_PREFIX) for sample in batch.samples):
+        return Provenance(source="dcgm", stream=batch.source[:500], trusted=(FACT_GPU_FAULT, FACT_TOPOLOGY))
+    return Provenance(source="prometheus", stream=batch.source[:500], trusted=(FACT_TOPOLOGY,))
+
+
+def stamped(anomalies: Iterable[Anomaly], provenance: Provenance) -> list[Anomaly]:
+    """The anomalies with ``provenance`` where their detector set none (a detector's own stamp wins)."""
+    return [
+        a if a.provenance.source != "unknown" else a.model_copy(update={"provenance": provenance}) for a in anomalies
+    ]
 
 
 def state_to_dict(state: Any) -> Any:
@@ -131,6 +163,8 @@ class EntityDetection:
         for detector in self.detectors.metric:
             states[detector.name], found = detector.detect([batch], states[detector.name])
             anomalies.extend(found)
+        if anomalies:
+            anomalies = stamped(anomalies, metric_provenance(batch))
         features, vector = extract(batch, features)
         self.live[entity] = (states, features)
         count = self._since_checkpoint.get(entity, 0) + 1
@@ -201,7 +235,7 @@ class FeatureScorer:
             return anomalies
         for detector in self.detectors:
             self.states[detector.name], found = detector.detect(batch, self.states[detector.name])
-            anomalies.extend(found)
+            anomalies.extend(stamped(found, LEARNED_PROVENANCE))
         return merge_learned(anomalies, self.recent_learned)
 
     def flush(self) -> list[Anomaly]:
@@ -235,8 +269,13 @@ def merge_learned(
         before = recent.get(anomaly.entity) if recent is not None else None
         if key not in first and before is not None and before[1] != anomaly.detector:
             if 0.0 <= anomaly.ts - before[0] <= merge_s:
-                log.debug("%s on %s joins the %s anomaly of %.0f s before", anomaly.detector, anomaly.entity,
-                          before[1], anomaly.ts - before[0])
+                log.debug(
+                    "%s on %s joins the %s anomaly of %.0f s before",
+                    anomaly.detector,
+                    anomaly.entity,
+                    before[1],
+                    anomaly.ts - before[0],
+                )
                 continue
         if key not in first:
             if recent is not None:
@@ -401,7 +440,7 @@ def register_detect(
                 continue
             for detector in detectors.event:
                 event_states[detector.name], found = detector.detect([event], event_states[detector.name])
-                await publish(found)
+                await publish(stamped(found, KUBE_PROVENANCE))
 
     return scorer
 
@@ -450,7 +489,12 @@ def build_detectors(settings: Settings, names: Sequence[str] | None = None) -> D
     instances: list[Detector] = []
     for name in chosen:
         cls = DETECTORS.load(name)
-        instances.append(cls(_load(name, stored[name])) if name in stored else cls())
+        if name in stored:
+            instances.append(cls(_load(name, stored[name])))
+        elif hasattr(cls, "from_settings"):  # a detector with settings of its own (the kernel-stream selector)
+            instances.append(cls.from_settings(settings))
+        else:
+            instances.append(cls())
     detectors = DetectorSet.of(instances)
     detectors.versions = {name: {c: row.version for c, row in rows.items()} for name, rows in stored.items()}
     return detectors

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.detect import DetectorSet, EntityDetection, FeatureScorer
+from pipelines.detect import KUBE_PROVENANCE, DetectorSet, EntityDetection, FeatureScorer, stamped
 from services.core.events import Anomaly, Event, KubeEvent, LogRecord, MetricBatch
 
 FAULT_FREE_SCENARIO = "baseline"
@@ -76,7 +76,7 @@ class OfflineDetect:
             elif isinstance(event, KubeEvent):
                 for d in self.detectors.event:
                     self.event_states[d.name], found = d.detect([event], self.event_states[d.name])
-                    anomalies.extend(found)
+                    anomalies.extend(stamped(found, KUBE_PROVENANCE))
         if logs:
             for d in self.detectors.log:
                 self.log_states[d.name], found = d.detect(logs, self.log_states[d.name])

@@ -235,6 +235,7 @@ class Engine:
                     self._joined(inc, fp)
         self.topology.learn(labels, at, anomaly.entity, anomaly.entity_kind)
         alert.evidence = dict(anomaly.evidence)
+        alert.provenance = anomaly.provenance.model_dump(mode="json")
         alert.score, alert.threshold = anomaly.score, anomaly.threshold
         severity_changed = alert.severity != anomaly.severity
         alert.severity = anomaly.severity

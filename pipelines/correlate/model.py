@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from services.core.events import AlertRef, Anomaly, IncidentEvent
+from services.core.events import AlertRef, Anomaly, IncidentEvent, Provenance
 
 R = TypeVar("R", bound="Record")
 
@@ -111,6 +111,7 @@ class Alert(Record):
     changes: list[float] = field(default_factory=list)
     flapping: bool = False
     incident_id: str | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)  # the latest anomaly's, JSON (Provenance)
 
     def ref(self) -> AlertRef:
         """The alert as linked to incidents and notifications, with its own evidence.
@@ -130,6 +131,8 @@ class Alert(Record):
             starts_at=self.starts_at,
             labels=self.labels,
             evidence=evidence,
+            # an alert stored before provenance existed reads as trusted for nothing
+            provenance=Provenance.model_validate(self.provenance),
         )
 
 

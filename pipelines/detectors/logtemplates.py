@@ -12,13 +12,21 @@ log_new_template     a template is created after the warm-up (a line never seen 
 log_rare_template    a line matches a template seen only a handful of times so far
 log_template_burst   a template's count in the current window is far above its EWMA baseline
 cuda_oom             ``CUDA out of memory`` / ``torch.OutOfMemoryError``
-gpu_xid              an ``NVRM: Xid`` kernel line (evidence: xid code, PCI address)
+gpu_xid              an ``NVRM: Xid`` line in a node's kernel stream, anchored (evidence: xid code,
+                     PCI address); trusted for GPU faults
+untrusted_xid_text   XID text anywhere else (an application echoing a prompt, a quoted line): an
+                     observation that never supports a GPU runbook (evidence: ``quoted_xid``)
 nccl_timeout         ``Watchdog caught collective operation timeout``
 engine_dead          ``AsyncEngineDeadError`` / ``EngineDeadError`` / ``Engine loop is not running``
 ==================== ========================================================================
 
 The miner's settings (similarity threshold, tree depth, masks) come from :data:`MINER_SETTINGS`,
 the one table shared by the detector and ``bench/logparse.py``, which measures them on LogHub.
+
+Trust (docs/security.md): a line is a kernel line only when its stream is a node's kernel stream
+(:class:`KernelStreams`, labels the log agent sets, never the application) *and* the line starts with
+the kernel's own structure (an optional dmesg or journal prefix, then ``NVRM: Xid (PCI:...): N,``).
+Every anomaly carries the :class:`~services.core.events.Provenance` of its stream.
 """
 
 from __future__ import annotations
@@ -35,7 +43,15 @@ from drain3.drain import LogCluster, Node
 from drain3.template_miner_config import TemplateMinerConfig
 
 from pipelines.detectors.masking import DEFAULT_MASKS, MASK_PATTERNS, generic_template, masking_instructions
-from services.core.events import SEVERITY_RANK, Anomaly, LogRecord, Severity
+from services.core.events import (
+    FACT_GPU_FAULT,
+    FACT_TOPOLOGY,
+    SEVERITY_RANK,
+    Anomaly,
+    LogRecord,
+    Provenance,
+    Severity,
+)
 from services.core.fingerprint import fingerprint as core_fingerprint
 
 EntityKind = Literal["gpu", "node", "pod", "model", "service", "other"]
@@ -206,10 +222,29 @@ def parsing_accuracy(truth: Sequence[str], predicted: Sequence[str]) -> float:
 
 _PCI_ID = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 
-_XID = re.compile(
-    rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI_ID})\): (?P<xid>\d+)"
-    r"(?:, pid=(?P<pid>'?[^,']*'?))?(?:, name=(?P<name>[^,]*))?,?\s*(?P<message>.*)$"
+# What may come before NVRM in a kernel line, as the log agents ship it: a kmsg priority ("<4>"), a
+# syslog or journal header ("Feb 23 16:24:18 node-1 kernel: ", ISO time too, or "kernel: "), a dmesg timestamp
+# ("[ 1234.567890]") or dmesg -T's ("[Sun Feb 23 16:24:18 2025]"). Every part is bounded.
+_SYSLOG_HEAD = (
+    r"(?:[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}"
+    r"|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?)"
+    r" [\w.-]{1,253} kernel: ?"
+    r"|kernel: ?"  # the syslog identifier alone, as some agents prefix the journal's MESSAGE
 )
+_DMESG_TIME = r"\[ {0,12}\d{1,12}\.\d{1,9}\]|\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4}\]"
+KERNEL_LINE_MAX = 4096
+"""Longest line read as a kernel XID line (the kernel's own printk buffer is 1024 bytes a record)."""
+
+# Anchored: the whole line is a kernel line. The code has at most 4 digits and is followed by a comma
+# (or the end): "79" in "...: 79, pid=" but never 5000 digits or a code glued to more text.
+_KERNEL_XID = re.compile(
+    rf"^(?:<\d{{1,3}}>)?(?:{_SYSLOG_HEAD})?(?:(?:{_DMESG_TIME})[ \t]{{0,16}})?"
+    rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI_ID})\): (?P<xid>\d{{1,4}})(?:,|$)"
+    r"(?: pid=(?P<pid>'?[^,']{0,64}'?),)?(?: name=(?P<name>[^,]{0,256}),)?\s*(?P<message>.*)$"
+)
+# XID text anywhere in a line, however quoted or escaped: what an application echoing a prompt logs.
+_XID_TEXT = re.compile(r"NVRM:\s{0,8}Xid|\bXid\s{0,8}\(\s{0,8}(?:PCI:)?[0-9a-fA-F]{2,8}:", re.IGNORECASE)
+_XID_TEXT_CODE = re.compile(r"Xid\s{0,8}\([^()]{0,40}\)\s{0,8}:\s{0,8}(\d{1,4})(?!\d)", re.IGNORECASE)
 
 # Xid codes whose usual remedy is draining the node and resetting or replacing the GPU. Codes that
 # point at the application (13, 31, 43, 45) are warnings; anything unknown is a warning too.
@@ -254,20 +289,62 @@ def xid_severity(xid: int) -> Severity:
     return "warning"
 
 
-def match_signature(line: str) -> SignatureMatch | None:
-    """Return the known error signature in ``line``, if any.
+def match_kernel_xid(line: str) -> SignatureMatch | None:
+    """Return the ``gpu_xid`` signature when ``line`` is, as a whole, an NVRM Xid kernel line.
+
+    The match is anchored at the start of the line (after an optional kmsg, journal or dmesg prefix)
+    and the code is 1-4 digits followed by a comma: an XID quoted inside other text never matches.
+
+    Args:
+        line: a raw log line, from a stream already known to be a node's kernel stream.
+    """
+    if len(line) > KERNEL_LINE_MAX:
+        return None
+    xid = _KERNEL_XID.match(line)
+    if xid is None:
+        return None
+    code = int(xid.group("xid"))
+    details: dict[str, Any] = {"xid": code, "pci": xid.group("pci")}
+    if xid.group("pid"):
+        details["pid"] = xid.group("pid").strip("'")
+    details["message"] = xid.group("message").strip()
+    return SignatureMatch("gpu_xid", xid_severity(code), details)
+
+
+def match_xid_text(line: str) -> SignatureMatch | None:
+    """Return an ``untrusted_xid_text`` observation when ``line`` contains XID text anywhere.
+
+    What an application (or anything not a node's kernel stream) logs about XIDs is not a GPU fault:
+    a vLLM request log echoes whatever prompt a user sent. The quoted code, if one can be read, is kept
+    as ``quoted_xid`` for humans, never as ``xid``.
 
     Args:
         line: a raw log line.
     """
-    xid = _XID.search(line)
-    if xid is not None:
-        code = int(xid.group("xid"))
-        details: dict[str, Any] = {"xid": code, "pci": xid.group("pci")}
-        if xid.group("pid"):
-            details["pid"] = xid.group("pid").strip("'")
-        details["message"] = xid.group("message").strip()
-        return SignatureMatch("gpu_xid", xid_severity(code), details)
+    if _XID_TEXT.search(line) is None:
+        return None
+    details: dict[str, Any] = {}
+    code = _XID_TEXT_CODE.search(line)
+    if code is not None:
+        details["quoted_xid"] = int(code.group(1))
+    return SignatureMatch("untrusted_xid_text", "warning", details)
+
+
+def match_signature(line: str, kernel: bool = False) -> SignatureMatch | None:
+    """Return the known error signature in ``line``, if any.
+
+    Args:
+        line: a raw log line.
+        kernel: whether the line comes from a node's own kernel stream (:class:`KernelStreams`); only
+            then can it be a ``gpu_xid``. XID text in any other line is ``untrusted_xid_text``.
+    """
+    if kernel:
+        xid = match_kernel_xid(line)
+        if xid is not None:
+            return xid
+    text = match_xid_text(line)
+    if text is not None:
+        return text
     for signal, severity, pattern in _SIGNATURES:
         if pattern.search(line):
             extra: dict[str, Any] = {}
@@ -279,6 +356,77 @@ def match_signature(line: str) -> SignatureMatch | None:
                 }
             return SignatureMatch(signal, severity, extra)
     return None
+
+
+# --------------------------------------------------------------------------- kernel streams
+
+DEFAULT_KERNEL_STREAMS = "unit=kernel;transport=kernel"
+"""Loki stream selectors of a node's kernel log: the simulator's and journald's ``unit="kernel"``, and
+``transport="kernel"`` as promtail or Grafana Alloy relabel journald's ``_TRANSPORT``."""
+# A pod's log stream is never a kernel stream, whatever other labels it carries.
+_NOT_KERNEL_LABELS = ("pod", "container")
+
+
+@dataclass(frozen=True)
+class KernelStreams:
+    """Which Loki streams are a node's own kernel log (setting ``trust_kernel_log_streams``).
+
+    Stream labels are set by the log agent (promtail, Grafana Alloy, the simulator), not by the
+    application that wrote the line, so they can say where a line came from. A stream is a kernel stream
+    when it matches one selector (every ``label=value`` of it) and has no ``pod`` or ``container`` label.
+
+    Attributes:
+        selectors: each a tuple of (label, value) pairs that must all match.
+    """
+
+    selectors: tuple[tuple[tuple[str, str], ...], ...] = ((("unit", "kernel"),), (("transport", "kernel"),))
+
+    @classmethod
+    def parse(cls, text: str) -> KernelStreams:
+        """Parse ``label=value[,label=value][;...]`` (``;`` separates alternatives).
+
+        Raises:
+            ValueError: an alternative is empty or a pair has no ``=``.
+        """
+        selectors = []
+        for alternative in text.split(";"):
+            if not alternative.strip():
+                continue
+            pairs = []
+            for pair in alternative.split(","):
+                label, eq, value = pair.partition("=")
+                if not eq or not label.strip() or not value.strip():
+                    raise ValueError(f"kernel stream selector {alternative!r}: expected label=value[,label=value]")
+                pairs.append((label.strip(), value.strip()))
+            selectors.append(tuple(pairs))
+        if not selectors:
+            raise ValueError("kernel stream selector is empty: no stream could carry a trusted XID")
+        return cls(tuple(selectors))
+
+    def matches(self, stream: dict[str, str]) -> bool:
+        """Whether a stream (its labels) is a node's kernel stream."""
+        if any(stream.get(label) for label in _NOT_KERNEL_LABELS):
+            return False
+        return any(all(stream.get(k) == v for k, v in selector) for selector in self.selectors)
+
+
+def stream_text(stream: dict[str, str]) -> str:
+    """Loki's ``{a="b",...}`` form of stream labels, sorted and cut to fit a provenance."""
+    text = "{" + ",".join(f'{k}="{v}"' for k, v in sorted(stream.items())) + "}"
+    return text[:500]
+
+
+def log_provenance(record: LogRecord, kernel: bool) -> Provenance:
+    """The provenance of an anomaly from ``record``: a kernel log is trusted for GPU faults, an app log not.
+
+    Both are telemetry ClusterMedic collected (its stream labels come from the log agent), so both can
+    name a target and corroborate a webhook alert.
+    """
+    if kernel:
+        return Provenance(
+            source="kernel_log", stream=stream_text(record.stream), trusted=(FACT_GPU_FAULT, FACT_TOPOLOGY)
+        )
+    return Provenance(source="app_log", stream=stream_text(record.stream), trusted=(FACT_TOPOLOGY,))
 
 
 # --------------------------------------------------------------------------------- state
@@ -442,6 +590,7 @@ class LogTemplateDetector:
         burst_min_count: fewest lines in a window for a burst.
         burst_min_windows: closed windows a template needs before its baseline is trusted.
         burst_floor: lowest baseline (lines a window) a count is compared with.
+        kernel_streams: which streams are a node's kernel log (the only ones a ``gpu_xid`` comes from).
     """
 
     name: ClassVar[str] = DETECTOR_NAME
@@ -457,6 +606,12 @@ class LogTemplateDetector:
     burst_min_count: int = 20
     burst_min_windows: int = 5
     burst_floor: float = 1.0
+    kernel_streams: KernelStreams = field(default_factory=KernelStreams)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> LogTemplateDetector:
+        """The detector with the kernel-stream selector of ``settings.trust_kernel_log_streams``."""
+        return cls(kernel_streams=KernelStreams.parse(settings.trust_kernel_log_streams))
 
     def initial_state(self) -> LogTemplateState:
         """Return an empty state for this detector's settings."""
@@ -497,21 +652,40 @@ class LogTemplateDetector:
             entity = record.entity or record.key()
             warm = state.lines > self.warmup_lines
 
-            signature = match_signature(line)
+            kernel = self.kernel_streams.matches(record.stream)
+            signature = match_signature(line, kernel=kernel)
             if signature is not None:
                 discriminator = tuple(str(v) for k, v in signature.details.items() if k in ("xid", "pci"))
                 key = (entity, signature.signal, *discriminator)
                 pending = found.get(key)
                 if pending is None:
                     found[key] = _Pending(
-                        record, signature.signal, signature.severity, cid, stats, 1.0, 1.0, dict(signature.details)
+                        record,
+                        signature.signal,
+                        signature.severity,
+                        cid,
+                        stats,
+                        1.0,
+                        1.0,
+                        dict(signature.details),
+                        kernel=kernel,
                     )
                 else:
                     pending.lines += 1
             elif warm and result["change_type"] == "cluster_created":
                 found.setdefault(
                     (entity, "log_new_template", str(cid)),
-                    _Pending(record, "log_new_template", _line_severity(line, "warning"), cid, stats, 1.0, 1.0, {}),
+                    _Pending(
+                        record,
+                        "log_new_template",
+                        _line_severity(line, "warning"),
+                        cid,
+                        stats,
+                        1.0,
+                        1.0,
+                        {},
+                        kernel=kernel,
+                    ),
                 )
             elif warm and stats.count <= self.rare_max_count and stats.count / state.lines <= self.rare_max_share:
                 key = (entity, "log_rare_template", str(cid))
@@ -528,6 +702,7 @@ class LogTemplateDetector:
                         1.0 - share,
                         1.0 - self.rare_max_share,
                         {"share": share},
+                        kernel=kernel,
                     )
 
             burst = self._burst(stats)
@@ -549,6 +724,7 @@ class LogTemplateDetector:
                         "window_count": stats.window_count,
                         "baseline_count": baseline,
                     },
+                    kernel=kernel,
                 )
 
         self._forget_evicted(state)
@@ -629,6 +805,7 @@ class _Pending:
     threshold: float
     details: dict[str, Any]
     lines: int = 1
+    kernel: bool = False
 
     def anomaly(self, key: tuple[str, ...]) -> Anomaly:
         entity = key[0]
@@ -645,6 +822,7 @@ class _Pending:
         return Anomaly(
             entity=entity,
             entity_kind=_entity_kind(self.record),
+            provenance=log_provenance(self.record, kernel=self.kernel),
             signal=self.signal,
             detector=DETECTOR_NAME,
             score=self.score,

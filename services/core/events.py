@@ -142,6 +142,42 @@ class KubeEvent(Event):
         return f"{obj.kind}/{obj.namespace}/{obj.name}" if obj.namespace else f"{obj.kind}/{obj.name}"
 
 
+# ------------------------------------------------------------------------------------- provenance
+
+FACT_GPU_FAULT = "gpu_fault"
+"""Fact kind: a GPU fault (XID, ECC, NVLink, fell off the bus) happened on the named GPU or node."""
+FACT_TOPOLOGY = "topology"
+"""Fact kind: the named pod, node or GPU exists, seen in telemetry ClusterMedic collected itself."""
+
+
+class Provenance(BaseModel):
+    """Where a signal came from, and which kinds of fact that source is believed for.
+
+    The trust model (docs/security.md): a GPU fault counts only from a source trusted for
+    :data:`FACT_GPU_FAULT` (a DCGM or NVML metric, the node's own kernel log); an action's target and a
+    webhook alert's corroboration come only from sources trusted for :data:`FACT_TOPOLOGY` (telemetry
+    ClusterMedic collected itself). The default, which every message written before provenance existed
+    gets, is trusted for nothing: a missing provenance can only take trust away, never add it.
+
+    Attributes:
+        source: ``kernel_log``, ``app_log``, ``dcgm``, ``nvml``, ``prometheus`` (other metrics),
+            ``kube_api``, ``detector`` (learned detectors over metric features), ``alertmanager_webhook``
+            or ``unknown``. A plain string, so an older consumer reads a newer source name.
+        stream: which stream, exporter or receiver: Loki stream labels, a metric batch's source.
+        trusted: the fact kinds this source is believed for.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    source: str = "unknown"
+    stream: str = Field(default="", max_length=500)
+    trusted: tuple[str, ...] = ()
+
+    def trusts(self, fact: str) -> bool:
+        """Whether this source is believed for ``fact`` (:data:`FACT_GPU_FAULT`, :data:`FACT_TOPOLOGY`)."""
+        return fact in self.trusted
+
+
 # ------------------------------------------------------------------------------------- detection
 
 
@@ -161,6 +197,7 @@ class Anomaly(Event):
     labels: dict[str, str] = Field(default_factory=dict, description="topology and routing labels")
     evidence: dict[str, Any] = Field(default_factory=dict, description="features, template, event...")
     fingerprint: str = Field(default="", description="stable identity for dedup; set by the producer")
+    provenance: Provenance = Field(default_factory=Provenance, description="source and what it is trusted for")
 
     def key(self) -> str:
         return self.entity
@@ -183,6 +220,7 @@ class AlertRef(BaseModel):
     starts_at: float
     labels: dict[str, str] = Field(default_factory=dict)
     evidence: dict[str, Any] = Field(default_factory=dict)
+    provenance: Provenance = Field(default_factory=Provenance, description="the anomaly's provenance")
 
 
 class IncidentEvent(Event):

@@ -58,6 +58,10 @@ class Settings(BaseSettings):
     # Faust
     faust_app_id: str = Field(default="clustermedic", description="Faust application id (consumer group).")
     faust_web_port: int = Field(default=16066, description="Port of the Faust worker's web server.")
+    faust_web_host: str = Field(
+        default="127.0.0.1",
+        description="Address the Faust worker's web server binds (its pages are unauthenticated: loopback by default).",
+    )
     faust_fetch_max_wait_ms: int = Field(
         default=100,
         ge=1,
@@ -95,6 +99,14 @@ class Settings(BaseSettings):
     )
     detect_retrain_min_scrapes: int = Field(
         default=500, ge=1, description="Retraining stores nothing when fewer scrapes than this were judged normal."
+    )
+    trust_kernel_log_streams: str = Field(
+        default="unit=kernel;transport=kernel",
+        description=(
+            "Loki stream selectors of a node's own kernel log, the only log an XID is believed from:"
+            " 'label=value[,label=value]', ';' between alternatives; a stream with a pod or container label"
+            " never matches (docs/security.md)."
+        ),
     )
 
     log_level: str = Field(default="INFO", description="Log level of every ClusterMedic process.")

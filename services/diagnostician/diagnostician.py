@@ -24,7 +24,7 @@ from services.core.events import Diagnosis, IncidentEvent
 from services.core.settings import Settings
 from services.diagnostician.embedder import CachingEmbedder, Embedder, make_embedder
 from services.diagnostician.kb import SearchHit, configure_session, search
-from services.diagnostician.ranker import RunbookIndex, playbook_params, rank, runbook_index
+from services.diagnostician.ranker import RunbookIndex, rank, review_action, runbook_index
 from services.diagnostician.tools import ChangeLog, Evidence, gather_evidence
 from services.store.db import connect
 
@@ -123,17 +123,26 @@ class RankerDiagnostician(Diagnostician):
     def from_evidence(
         self, incident: IncidentEvent, evidence: Evidence, hits: list[SearchHit], started: float
     ) -> Diagnosis:
-        """Rank and build the Diagnosis (shared with the LLM diagnostician's fallback)."""
+        """Rank and build the Diagnosis (shared with the LLM diagnostician's fallback).
+
+        The trust model (:func:`~services.diagnostician.ranker.review_action`) may withhold the top
+        hypothesis's playbook: then no hypothesis proposes one (policy would fall back to the next) and
+        ``notes`` says why. The notes also list every claim not believed (an XID quoted in an app log).
+        """
         hypotheses = rank(evidence, self.index, hits)
         top = hypotheses[0] if hypotheses else None
-        playbook = top.playbook if top else None
+        review = review_action(top, evidence, self.index)
+        if review.withheld:
+            hypotheses = [h.model_copy(update={"playbook": None, "level": None}) for h in hypotheses]
+            top = hypotheses[0]
         return Diagnosis(
             incident_id=incident.incident_id,
             diagnostician=self.name,
             hypotheses=tuple(hypotheses),
-            proposed_playbook=playbook,
-            proposed_params=playbook_params(playbook, evidence),
+            proposed_playbook=top.playbook if top else None,
+            proposed_params=review.params,
             level=top.level if top else None,
+            notes=review.notes,
             latency_ms=round((time.perf_counter() - started) * 1000, 3),
             ts=time.time(),
         )
@@ -187,7 +196,7 @@ def store_diagnosis(conn: psycopg.Connection, incident: IncidentEvent, diagnosis
             )
             row = conn.execute(
                 "INSERT INTO diagnoses (incident_id, diagnostician, hypotheses, proposed_playbook, proposed_params,"
-                " level, latency_ms) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                " level, latency_ms, notes) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
                 (
                     diagnosis.incident_id,
                     diagnosis.diagnostician,
@@ -196,6 +205,7 @@ def store_diagnosis(conn: psycopg.Connection, incident: IncidentEvent, diagnosis
                     Jsonb(diagnosis.proposed_params),
                     diagnosis.level,
                     diagnosis.latency_ms,
+                    list(diagnosis.notes),
                 ),
             ).fetchone()
         if not conn.autocommit:

@@ -34,17 +34,17 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from services.core.events import Citation, Hypothesis
+from services.core.events import FACT_TOPOLOGY, AlertRef, Citation, Hypothesis, IncidentEvent
 from services.diagnostician.documents import default_knowledge_dir
 from services.diagnostician.kb import SearchHit
 from services.diagnostician.runbooks import PLAYBOOK_DEFAULT_LEVELS, Runbook, load_runbooks
-from services.diagnostician.tools import Evidence, topology_of
+from services.diagnostician.tools import GPU_FAULT_SIGNALS, Evidence, condense, topology_of
 
 WEIGHTS: dict[str, float] = {"anomalies": 1.0, "xid": 2.0, "logs": 0.8, "events": 0.6, "metrics": 0.3, "scope": 0.4}
 # Signals of the learned detectors and log novelty say "something is odd", not what: every runbook
@@ -345,19 +345,128 @@ def _catalog_remediation(evidence: Evidence, code: int) -> str:
     return ""
 
 
+def own_alerts(incident: IncidentEvent) -> list[AlertRef]:
+    """The incident's alerts from telemetry ClusterMedic collected itself (trusted for topology), firing first.
+
+    Only these may name an action's target or corroborate an alert pushed by webhook.
+    """
+    own = [a for a in incident.alerts if a.provenance.trusts(FACT_TOPOLOGY)]
+    return sorted(own, key=lambda a: a.status != "firing")
+
+
 def playbook_params(playbook: str | None, evidence: Evidence) -> dict[str, Any]:
-    """Parameters for the proposed playbook, from the incident's topology labels (the first alert wins)."""
+    """Parameters for the proposed playbook, from the topology labels of the incident's own alerts.
+
+    The first alert (firing before resolved) wins. Only alerts from telemetry ClusterMedic collected
+    count (:func:`own_alerts`): a webhook alert's labels, the incident's group labels (which such an
+    alert can set) and free text never name a target.
+    """
     if not playbook:
         return {}
     wanted = PLAYBOOK_PARAMS.get(playbook, ())
     params: dict[str, Any] = {}
-    sources: list[Mapping[str, str]] = [*(a.labels for a in evidence.incident.alerts), evidence.incident.labels]
-    for labels in sources:
-        topo = topology_of(labels)
+    for alert in own_alerts(evidence.incident):
+        topo = topology_of(alert.labels)
         for key in wanted:
             if key in topo and key not in params:
                 params[key] = topo[key]
     return params
+
+
+NOT_CORROBORATED_NOTE = (
+    "alert from the Alertmanager webhook not corroborated by telemetry ClusterMedic collected; no automatic action"
+)
+"""Why a diagnosis resting on a webhook alert proposes no playbook."""
+UNKNOWN_NOT_CORROBORATED_NOTE = (
+    "alert of unknown provenance not corroborated by telemetry ClusterMedic collected; no automatic action"
+)
+UNTRUSTED_TEXT_NOTE = "the diagnosis rests on evidence from an untrusted source; no automatic action"
+NO_GPU_SOURCE_NOTE = (
+    "a GPU fault not reported by a trusted GPU source (DCGM, NVML, the node's kernel log); no node or GPU action"
+)
+NO_TARGET_NOTE = "no target for {playbook} in telemetry ClusterMedic collected; no automatic action"
+# Playbooks acting on a node or a GPU (derived from the parameters they take).
+NODE_GPU_PLAYBOOKS = frozenset(name for name, keys in PLAYBOOK_PARAMS.items() if {"node", "gpu"} & set(keys))
+
+
+@dataclass(frozen=True)
+class ActionReview:
+    """What the trust model allows of the top hypothesis's playbook.
+
+    Attributes:
+        params: the playbook's parameters, from the incident's own alerts (empty when withheld).
+        withheld: whether no playbook may be proposed at all.
+        notes: why, for humans (:attr:`Diagnosis.notes`), with the untrusted claims the evidence made.
+    """
+
+    params: dict[str, Any]
+    withheld: bool
+    notes: tuple[str, ...]
+
+
+def review_action(top: Hypothesis | None, evidence: Evidence, index: RunbookIndex) -> ActionReview:
+    """Apply the trust model (docs/security.md) to the playbook the top hypothesis proposes.
+
+    The playbook is withheld when:
+
+    * the incident holds alerts ClusterMedic did not collect (a webhook's), or untrusted claims (an XID
+      quoted in an application log), and the incident's own alerts alone do not lead to the same top
+      hypothesis on their signals (corroboration: retrieval or a webhook label cannot carry it);
+    * it acts on a node or GPU for a GPU fault no trusted GPU source reported;
+    * it needs a target and no alert of ClusterMedic's own telemetry names one.
+
+    ``page_oncall`` acts on nothing and is never withheld.
+    """
+    notes = list(evidence.untrusted)
+    playbook = top.playbook if top is not None else None
+    reasons: list[str] = []
+    incident = evidence.incident
+    foreign = [a for a in incident.alerts if not a.provenance.trusts(FACT_TOPOLOGY) and a.status == "firing"]
+    if (foreign or evidence.untrusted) and not _corroborated(top, evidence, index):
+        if any(a.provenance.source == "alertmanager_webhook" for a in foreign):
+            reasons.append(NOT_CORROBORATED_NOTE)
+        elif foreign:
+            reasons.append(UNKNOWN_NOT_CORROBORATED_NOTE)
+        elif playbook is not None:
+            reasons.append(UNTRUSTED_TEXT_NOTE)
+    if top is None or playbook is None or playbook == "page_oncall":
+        # nothing acts: the notes still say what was not believed
+        notes.extend(r for r in reasons if r not in notes)
+        return ActionReview(playbook_params(playbook, evidence), False, tuple(notes))
+    if playbook in NODE_GPU_PLAYBOOKS and _gpu_fault_cause(top.cause, index) and not _trusted_gpu_fact(evidence):
+        reasons.append(NO_GPU_SOURCE_NOTE)
+    params = playbook_params(playbook, evidence)
+    if PLAYBOOK_PARAMS.get(playbook) and not params:
+        reasons.append(NO_TARGET_NOTE.format(playbook=playbook))
+    for reason in reasons:
+        if reason not in notes:
+            notes.append(reason)
+    return ActionReview({} if reasons else params, bool(reasons), tuple(notes))
+
+
+def _corroborated(top: Hypothesis | None, evidence: Evidence, index: RunbookIndex) -> bool:
+    """Whether the incident's own firing alerts alone, on their signals (no retrieval), rank ``top`` first."""
+    if top is None:
+        return False
+    own = tuple(a for a in own_alerts(evidence.incident) if a.status == "firing")
+    if not own:
+        return False
+    mine = condense(evidence.incident.model_copy(update={"alerts": own}), evidence.results)
+    alone = rank(mine, index, max_hypotheses=1)
+    return bool(alone) and alone[0].cause == top.cause
+
+
+def _gpu_fault_cause(cause: str, index: RunbookIndex) -> bool:
+    """Whether a root cause is a GPU fault: an XID's, or a runbook listing XIDs or GPU-fault signals."""
+    if cause.startswith("gpu_xid_"):
+        return True
+    runbook = index.by_root_cause.get(cause)
+    return runbook is not None and bool(runbook.signals.xid or GPU_FAULT_SIGNALS & set(runbook.signals.anomalies))
+
+
+def _trusted_gpu_fact(evidence: Evidence) -> bool:
+    # condense admits XIDs and GPU-fault signals only from alerts trusted for GPU faults
+    return bool(evidence.xids or evidence.signals & GPU_FAULT_SIGNALS)
 
 
 def supported_level(evidence: Evidence, index: RunbookIndex) -> int:
@@ -412,9 +521,7 @@ def allowed_actions(hypotheses: Sequence[Hypothesis], index: RunbookIndex) -> di
         return allowed
     best = max(h.confidence for h in hypotheses)
     supported = [hypotheses[0]] + [
-        h
-        for h in hypotheses[1:]
-        if h.confidence >= ALLOWED_MIN_CONFIDENCE and h.confidence >= ALLOWED_RELATIVE * best
+        h for h in hypotheses[1:] if h.confidence >= ALLOWED_MIN_CONFIDENCE and h.confidence >= ALLOWED_RELATIVE * best
     ]
     for h in supported[:ALLOWED_TOP_K]:
         if h.playbook is None:

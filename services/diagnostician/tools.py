@@ -32,7 +32,7 @@ from typing import Any, Literal
 import psycopg
 from pydantic import BaseModel, ConfigDict
 
-from services.core.events import AlertRef, IncidentEvent, KubeEvent
+from services.core.events import FACT_GPU_FAULT, AlertRef, IncidentEvent, KubeEvent
 from services.core.registry import Registry
 from services.diagnostician.runbooks import METRIC_NAME
 
@@ -45,7 +45,32 @@ CHANGE_REASONS = frozenset({"ScalingReplicaSet", "SuccessfulCreate", "RollingUpd
 CHANGE_SIGNALS = frozenset({"latency_regression", "revision_regression"})
 LOG_DETECTORS = frozenset({"log_templates", "logtemplates"})
 EVENT_DETECTORS = frozenset({"kube_events", "k8s_events", "events"})
-_XID_IN_LINE = re.compile(r"Xid \((?:PCI:)?[^)]*\): (\d+)")
+_XID_IN_LINE = re.compile(r"Xid \((?:PCI:)?[^)]{0,40}\): (\d{1,4})(?!\d)")
+# XID text however it is quoted (JSON-escaped, mid-line): never a GPU fault outside a trusted GPU source.
+_XID_TEXT = re.compile(r"NVRM:\s{0,8}Xid|\bXid\s{0,8}\(\s{0,8}(?:PCI:)?[0-9a-fA-F]{2,8}:", re.IGNORECASE)
+# Signals that state a GPU fault (XID, ECC, NVLink, fell off the bus): believed only from an alert whose
+# provenance is trusted for GPU faults (a DCGM or NVML metric, the node's kernel log).
+GPU_FAULT_SIGNALS = frozenset(
+    {
+        "gpu_xid",
+        "ecc_sbe_rate",
+        "ecc_dbe",
+        "row_remap_pending",
+        "row_remap_failure",
+        "nvlink_errors",
+        "gpu_fallen_off_bus",
+    }
+)
+# How a note names a source that is not trusted for GPU faults.
+SOURCE_DESCRIPTIONS: dict[str, str] = {
+    "app_log": "an application log",
+    "alertmanager_webhook": "an alert from the Alertmanager webhook",
+    "kube_api": "a Kubernetes event",
+    "prometheus": "a metric that is not a GPU exporter's",
+    "detector": "a learned detector's finding",
+}
+XID_TEXT_NOTE = "XID text in an application log; not a trusted source"
+"""The note a diagnosis carries when an application log quoted an XID (issue 13's acceptance sentence)."""
 # The deployment controller's event when it scales a ReplicaSet ("Scaled up replica set web-5d4f8c7b9 to 1",
 # newer releases "... from 0 to 1").
 _SCALED_REPLICA_SET = re.compile(r"Scaled (?P<direction>up|down) replica set (?P<replica_set>[\w.-]+)")
@@ -504,13 +529,24 @@ def condense(incident: IncidentEvent, results: Mapping[str, ToolResult]) -> Evid
     """Build :class:`Evidence` from the incident and tool results (alerts are read directly too)."""
     ev = Evidence(incident=incident, results=dict(results))
     for alert in _firing(incident):
-        ev.signals.add(SIGNAL_ALIASES.get(alert.signal, alert.signal))
+        # The trust model (docs/security.md): GPU facts only from a source trusted for them.
+        gpu_trusted = alert.provenance.trusts(FACT_GPU_FAULT)
+        signal = SIGNAL_ALIASES.get(alert.signal, alert.signal)
+        if signal in GPU_FAULT_SIGNALS and not gpu_trusted:
+            _untrusted(ev, f"{signal} on {alert.entity} from {source_description(alert)}; not a trusted GPU source")
+        else:
+            ev.signals.add(signal)
+        if alert.signal == "untrusted_xid_text":
+            _untrusted(ev, xid_text_note(alert))
         facts = [f"{alert.signal} on {alert.entity} ({alert.detector}, {alert.severity})"]
         data = alert.evidence
         code: Any = data.get("xid")
         if _scalar(code) and int(code) > 0:
-            ev.xids.add(int(code))
-            facts.append(f"XID {int(code)} on {alert.entity}")
+            if gpu_trusted:
+                ev.xids.add(int(code))
+                facts.append(f"XID {int(code)} on {alert.entity}")
+            else:
+                _untrusted(ev, f"XID {int(code)} claimed by {source_description(alert)}; not a trusted source")
         for key, value in _metric_items(data):
             if METRIC_NAME.match(key):
                 ev.metrics.add(key)
@@ -537,9 +573,15 @@ def condense(incident: IncidentEvent, results: Mapping[str, ToolResult]) -> Evid
             facts.append(f"event {reason} on {alert.entity}")
         for key in ("template", "example", "line", "message"):
             text = data.get(key)
-            if isinstance(text, str) and text:
-                ev.log_lines.append(text[:2000])
-                for match in _XID_IN_LINE.finditer(text):
+            if not isinstance(text, str) or not text:
+                continue
+            if not gpu_trusted and _XID_TEXT.search(text[:4096]):
+                # kept out of the log lines too: a runbook's NVRM template must not match a quoted XID
+                _untrusted(ev, xid_text_note(alert))
+                continue
+            ev.log_lines.append(text[:2000])
+            if gpu_trusted:
+                for match in _XID_IN_LINE.finditer(text[:4096]):
                     ev.xids.add(int(match.group(1)))
         for fact in facts:
             if fact not in ev.facts:
@@ -557,6 +599,21 @@ def condense(incident: IncidentEvent, results: Mapping[str, ToolResult]) -> Evid
         ev.scope.add(scope)
         ev.facts.append(f"blast radius: {scope}")
     return ev
+
+
+def source_description(alert: AlertRef) -> str:
+    """How a note names where an alert came from ("an application log", "an alert from the ... webhook")."""
+    return SOURCE_DESCRIPTIONS.get(alert.provenance.source, "a signal of unknown provenance")
+
+
+def xid_text_note(alert: AlertRef) -> str:
+    """The note for XID text in an alert not trusted for GPU faults (:data:`XID_TEXT_NOTE` for an app log)."""
+    return f"XID text in {source_description(alert)}; not a trusted source"
+
+
+def _untrusted(ev: Evidence, note: str) -> None:
+    if note not in ev.untrusted:
+        ev.untrusted.append(note)
 
 
 def _condense_changes(ev: Evidence, result: ToolResult | None) -> None:

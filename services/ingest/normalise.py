@@ -27,7 +27,7 @@ import cramjam
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.core.events import Anomaly, KubeEvent, LogRecord, MetricBatch, ObjectRef, Severity
+from services.core.events import Anomaly, KubeEvent, LogRecord, MetricBatch, ObjectRef, Provenance, Severity
 from services.ingest.errors import RejectedInput
 from services.ingest.protowire import PushRequest, WriteRequest
 
@@ -397,8 +397,16 @@ def severity_of(labels: Mapping[str, str]) -> Severity:
     return _SEVERITY.get(labels.get("severity", "").strip().lower(), "warning")
 
 
+WEBHOOK_PROVENANCE = Provenance(source="alertmanager_webhook", stream="/api/v1/alertmanager/webhook", trusted=())
+"""Alerts pushed by webhook: whoever can POST can write any label, so they are believed for nothing
+until telemetry ClusterMedic collected corroborates them (docs/security.md)."""
+
+
 def alertmanager_webhook(raw: bytes) -> list[tuple[str, Anomaly]]:
     """Turn an Alertmanager webhook v4 body into one :class:`Anomaly` per alert.
+
+    Each anomaly carries :data:`WEBHOOK_PROVENANCE`: trusted for nothing, so it can open an incident
+    but never, alone, support a GPU runbook or name an action's target.
 
     Returns:
         ``(dedup key, anomaly)`` pairs. The dedup key is group key + fingerprint + status + startsAt:
@@ -459,6 +467,8 @@ def alertmanager_webhook(raw: bytes) -> list[tuple[str, Anomaly]]:
                 "external_url": payload.externalURL,
             },
             fingerprint=f"alertmanager:{fingerprint}:{alert.startsAt}:{alert.status}",
+            # Pushed, not collected: evidence for humans, trusted for no fact (no GPU fault, no target).
+            provenance=WEBHOOK_PROVENANCE,
         )
         out.append((json.dumps([payload.groupKey, fingerprint, alert.status, alert.startsAt]), anomaly))
     return out

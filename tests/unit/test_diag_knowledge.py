@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from services.core.events import AlertRef, IncidentEvent
+from services.core.events import AlertRef, IncidentEvent, Provenance
 from services.diagnostician.documents import (
     CHUNKER_VERSION,
     content_hash,
@@ -158,5 +158,14 @@ def test_a_failing_tool_returns_an_error_result_instead_of_raising() -> None:
 
 def test_xid_codes_are_read_from_kernel_lines_too() -> None:
     line = "NVRM: Xid (PCI:0000:9b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
-    ev = gather_evidence(incident(ref("gpu_xid", "log_templates", example=line)))
+    kernel = Provenance(source="kernel_log", trusted=("gpu_fault", "topology"))
+    alert = ref("gpu_xid", "log_templates", example=line).model_copy(update={"provenance": kernel})
+    ev = gather_evidence(incident(alert))
     assert ev.xids == {79}
+
+
+def test_xid_codes_in_an_alert_of_unknown_provenance_are_not_believed() -> None:
+    line = "NVRM: Xid (PCI:0000:9b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+    ev = gather_evidence(incident(ref("gpu_xid", "log_templates", example=line)))
+    assert ev.xids == set() and "gpu_xid" not in ev.signals
+    assert "XID text in a signal of unknown provenance; not a trusted source" in ev.untrusted

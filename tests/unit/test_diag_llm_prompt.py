@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from services.core.events import AlertRef, IncidentEvent
+from services.core.events import AlertRef, IncidentEvent, Provenance
 from services.diagnostician.llm import ANSWER_SCHEMA, LLMAnswer, approx_tokens, build_messages
 from services.diagnostician.ranker import rank, runbook_index
 from services.diagnostician.tools import gather_evidence
@@ -30,6 +30,7 @@ def incident(**evidence: Any) -> IncidentEvent:
                 starts_at=T0,
                 labels={"node": "n1"},
                 evidence={"xid": 79, **evidence},
+                provenance=Provenance(source="kernel_log", trusted=("gpu_fault", "topology")),
             ),
         ),
         opened_at=T0,

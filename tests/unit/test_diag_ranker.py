@@ -6,18 +6,21 @@ from typing import Any
 
 import pytest
 
-from services.core.events import AlertRef, IncidentEvent
+from services.core.events import AlertRef, IncidentEvent, Provenance
 from services.core.settings import Settings
 from services.diagnostician.diagnostician import RankerDiagnostician
 from services.diagnostician.ranker import RunbookIndex, rank, runbook_index, supported_level
 from services.diagnostician.tools import gather_evidence
 
 T0 = 1_760_000_000.0
+# The alerts here stand for ClusterMedic's own detectors on DCGM metrics: a trusted GPU source.
+DCGM = Provenance(source="dcgm", stream="scrape", trusted=("gpu_fault", "topology"))
 
 
 def alert(signal: str, entity: str = "gpu-0", detector: str = "rules", **evidence: Any) -> AlertRef:
     labels = evidence.pop("labels", {"node": "h100-a-07", "gpu": "5", "pod": "llama-0", "model": "llama-70b"})
     return AlertRef(
+        provenance=DCGM,
         fingerprint=f"{detector}:{signal}:{entity}",
         entity=entity,
         signal=signal,

@@ -20,6 +20,7 @@ from pipelines.detectors.masking import generic_template
 from services.core.events import Anomaly, LogRecord
 
 POD = {"pod": "vllm-llama-0", "namespace": "serving", "node": "gpu-node-3"}
+KERNEL = {"job": "node-journal", "unit": "kernel", "node": "gpu-node-3"}
 
 NORMAL_TEMPLATES = (
     "INFO {i} Avg prompt throughput: {a}.{b} tokens/s, Avg generation throughput: {b}.{a} tokens/s",
@@ -58,7 +59,7 @@ def detector() -> LogTemplateDetector:
 
 def test_xid_79_line_is_a_critical_gpu_xid_with_code_and_pci(detector: LogTemplateDetector) -> None:
     line = "kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
-    batch = [LogRecord(stream={"node": "gpu-node-3", "job": "kernel"}, line=line, ts=1000.0)]
+    batch = [LogRecord(stream={"node": "gpu-node-3", "job": "node-journal", "unit": "kernel"}, line=line, ts=1000.0)]
 
     _, anomalies = detector.detect(batch, detector.initial_state())
 
@@ -71,10 +72,12 @@ def test_xid_79_line_is_a_critical_gpu_xid_with_code_and_pci(detector: LogTempla
     assert xid.evidence["pci"] == "0000:3b:00"
     assert xid.evidence["example"] == line
     assert {"template", "template_id", "count", "score", "threshold"} <= set(xid.evidence)
+    assert xid.provenance.source == "kernel_log"
+    assert xid.provenance.trusts("gpu_fault")
 
 
 def test_application_xid_is_only_a_warning() -> None:
-    match = match_signature("NVRM: Xid (PCI:0000:3b:00): 13, pid=77, Graphics Exception: ESR 0x404600")
+    match = match_signature("NVRM: Xid (PCI:0000:3b:00): 13, pid=77, Graphics Exception: ESR 0x404600", kernel=True)
     assert match is not None
     assert (match.signal, match.severity, match.details["xid"]) == ("gpu_xid", "warning", 13)
 
@@ -119,7 +122,8 @@ def test_known_error_signatures(detector: LogTemplateDetector, line: str, signal
 
 def test_signature_fires_once_per_batch_with_line_count(detector: LogTemplateDetector) -> None:
     line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
-    _, anomalies = detector.detect(records([line] * 3, t0=0.0), detector.initial_state())
+    batch = [LogRecord(stream=KERNEL, line=line, ts=float(k)) for k in range(3)]
+    _, anomalies = detector.detect(batch, detector.initial_state())
     assert signals(anomalies) == ["gpu_xid"]
     assert anomalies[0].evidence["lines_in_batch"] == 3
 
@@ -188,7 +192,8 @@ def test_state_round_trips_through_json(detector: LogTemplateDetector) -> None:
     _, got = detector.detect(records(follow_up, t0=400.0), restored)
 
     assert [a.model_dump() for a in got] == [a.model_dump() for a in expected]
-    assert signals(got) == ["gpu_xid", "log_new_template"]
+    # the XID line is in a pod's stream: an untrusted observation, never a gpu_xid
+    assert signals(got) == ["untrusted_xid_text", "log_new_template"]
 
 
 def test_masks_pci_uuid_ip_and_block_ids() -> None:
