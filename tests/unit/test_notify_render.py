@@ -271,8 +271,10 @@ def test_idempotency_key_is_per_receiver_integration_incident_reason_and_ts() ->
 # What would be live in Slack, PagerDuty or a chat a webhook forwards to: Slack control sequences,
 # URLs, Markdown links and images, HTML, broadcasts, linkable domains and hidden characters.
 _LIVE = re.compile(
-    r"<[@!#]|<[a-z][a-z0-9+.-]*:|[a-z][a-z0-9+.-]*://|www\.|\b(?:mailto|javascript|data|vbscript|file|slack|tel):"
-    r"|\]\(|!\[|<[a-z/!]|(?<![\w@])@(?:channel|here|everyone)\b"
+    # Slack and HTML only act on a complete <...>; a lone "<" is text (and Slack's is escaped anyway)
+    r"<[@!#][^<>]*>|<[a-z][a-z0-9+.-]*:[^<>]*>|<[a-z/!][^<>]*>"
+    r"|[a-z][a-z0-9+.-]*://|www\.|\b(?:mailto|javascript|data|vbscript|file|slack|tel):"
+    r"|\]\(|!\[|(?<![\w@])@(?:channel|here|everyone)\b"
     r"|(?<![a-z0-9-])[a-z0-9-]+\.(?:com|net|org|io|co|dev|app|ai|xyz|info|biz|me|sh|ly|gg|to|us|uk|ru|cn|tk|ws|cc"
     r"|link|site|online|top|click|zip|mov|example)(?![a-z0-9-])"
     r"|[\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff\U000e0000-\U000e007f]",
@@ -319,7 +321,8 @@ NASTY = [
     "[the runbook](https://evil.com) ![pixel](https://evil.com/p.png) [ref]: https://evil.com",
     '<a href="https://evil.com">click</a><img src=x onerror=alert(1)><script>x()</script><!-- hidden -->',
     "@channel @here @everyone reboot everything",
-    "\uff1c\uff01\uff43\uff48\uff41\uff4e\uff4e\uff45\uff4c\uff1e \uff48\uff54\uff54\uff50\uff53\uff1a\uff0f\uff0fevil.com",
+    "\uff1c\uff01\uff43\uff48\uff41\uff4e\uff4e\uff45\uff4c\uff1e"  # fullwidth <!channel>
+    " \uff48\uff54\uff54\uff50\uff53\uff1a\uff0f\uff0fevil.com",
     "zero\u200bwidth \u202eedon_toober\u202c \u2066isolate\u2069 \U000e0041\U000e0042 tags",
     "<!chan<b>nel> [x](<https://evil.com|y>) <<!here>> <htt<i>ps://evil.com|z>",
     "javascript:alert(1) data:text/html,<b>x</b> slack://open tel:+15551234",
