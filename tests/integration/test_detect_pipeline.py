@@ -41,7 +41,7 @@ def _run_pipeline_until(settings, detectors: DetectorSet, want: int, timeout_s: 
 
 def test_an_xid_kernel_line_becomes_a_gpu_anomaly_and_garbage_is_dead_lettered(kafka_ready, settings):
     ensure_topics(settings)
-    node = {"job": "kernel", "node": "gpu-node-1"}
+    node = {"job": "node-journal", "unit": "kernel", "node": "gpu-node-1"}  # the node's kernel stream
     with KafkaPublisher(settings) as publisher:
         publisher.send_raw(LogRecord.topic, b"gpu-node-1", b"{broken")
         for i in range(5):

@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 from typer.testing import CliRunner
 
 from services.core.bus import KafkaPublisher, ensure_topics, read_raw
-from services.core.events import AlertRef, DeadLetter, Diagnosis, IncidentEvent
+from services.core.events import AlertRef, DeadLetter, Diagnosis, IncidentEvent, Provenance
 from services.core.settings import Settings
 from services.diagnostician.cli import app
 from services.diagnostician.diagnostician import RankerDiagnostician, diagnose_incident, load_incident
@@ -71,6 +71,8 @@ def xid79_incident(incident_id: str = "inc-xid79") -> IncidentEvent:
                     "xid": 79,
                     "example": "NVRM: Xid (PCI:0000:9b:00): 79, pid=2231, name=python3, GPU has fallen off the bus.",
                 },
+                # the node's kernel stream: a trusted GPU source (docs/security.md)
+                provenance=Provenance(source="kernel_log", trusted=("gpu_fault", "topology")),
             ),
         ),
         opened_at=T0,
