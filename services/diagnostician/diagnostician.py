@@ -230,7 +230,7 @@ def load_incident(conn: psycopg.Connection, incident_id: str) -> IncidentEvent |
         return None
     alerts = conn.execute(
         "SELECT fingerprint, entity, signal, detector, severity, status, extract(epoch FROM starts_at), labels,"
-        " evidence FROM alerts WHERE incident_id = %s ORDER BY starts_at",
+        " evidence, provenance FROM alerts WHERE incident_id = %s ORDER BY starts_at",
         (incident_id,),
     ).fetchall()
     if not conn.autocommit:
@@ -255,6 +255,7 @@ def load_incident(conn: psycopg.Connection, incident_id: str) -> IncidentEvent |
                 "starts_at": float(a[6]),
                 "labels": a[7] or {},
                 "evidence": a[8] or {},
+                "provenance": a[9] or {},
             }
             for a in alerts
         ],

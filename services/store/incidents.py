@@ -45,8 +45,8 @@ WHERE incidents.updated_at <= EXCLUDED.updated_at
 
 _UPSERT_ALERT = """
 INSERT INTO alerts (fingerprint, incident_id, entity, signal, detector, severity, status, labels, evidence,
-                    starts_at, last_seen_at, ends_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                    starts_at, last_seen_at, ends_at, provenance)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (incident_id, fingerprint) DO UPDATE SET
     entity = EXCLUDED.entity,
     signal = EXCLUDED.signal,
@@ -55,6 +55,7 @@ ON CONFLICT (incident_id, fingerprint) DO UPDATE SET
     status = EXCLUDED.status,
     labels = EXCLUDED.labels,
     evidence = EXCLUDED.evidence,
+    provenance = EXCLUDED.provenance,
     starts_at = EXCLUDED.starts_at,
     last_seen_at = EXCLUDED.last_seen_at,
     ends_at = EXCLUDED.ends_at
@@ -159,6 +160,8 @@ def upsert_incident_events(conn: psycopg.Connection, events: Sequence[IncidentEv
                     _at(alert.starts_at),
                     at,
                     at if alert.status == "resolved" else None,
+                    # the trust model reads it back (docs/security.md): a re-diagnosis believes what the first did
+                    Jsonb(alert.provenance.model_dump(mode="json")),
                 )
             )
     with conn.transaction(), conn.cursor() as cur:

@@ -187,8 +187,8 @@ def test_cli_index_search_and_diagnose(indexed: Settings, embedder: CachingEmbed
         alert = incident.alerts[0]
         c.execute(
             "INSERT INTO alerts (fingerprint, incident_id, entity, signal, detector, severity, status, labels,"
-            " evidence, starts_at, last_seen_at) VALUES (%s, %s, %s, %s, %s, %s, 'firing', %s, %s,"
-            " to_timestamp(%s), to_timestamp(%s))",
+            " evidence, starts_at, last_seen_at, provenance) VALUES (%s, %s, %s, %s, %s, %s, 'firing', %s, %s,"
+            " to_timestamp(%s), to_timestamp(%s), %s)",
             (
                 alert.fingerprint,
                 incident.incident_id,
@@ -200,11 +200,13 @@ def test_cli_index_search_and_diagnose(indexed: Settings, embedder: CachingEmbed
                 Jsonb(alert.evidence),
                 T0,
                 T0,
+                Jsonb(alert.provenance.model_dump(mode="json")),
             ),
         )
         c.commit()
         loaded = load_incident(c, "inc-cli")
     assert loaded is not None and loaded.alerts[0].evidence["xid"] == 79
+    assert loaded.alerts[0].provenance.trusts("gpu_fault")  # re-read as believed on incidents.v1
 
     runner = CliRunner()
     env = {"CLUSTERMEDIC_DATABASE_URL": indexed.database_url or ""}
