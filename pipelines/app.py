@@ -111,6 +111,7 @@ def create_pipeline(settings: Settings, *, app_id: str | None = None, web_enable
         consumer_auto_offset_reset="earliest",
         web_enabled=web_enabled,
         web_port=settings.faust_web_port,
+        web_bind=settings.faust_web_host,
         autodiscover=False,
         datadir=str(settings.run_dir / "faust"),
     )
@@ -118,3 +119,26 @@ def create_pipeline(settings: Settings, *, app_id: str | None = None, web_enable
     transport.fetch_max_wait_ms = settings.faust_fetch_max_wait_ms
     app.transport = transport  # before anything asks the app for its transport
     return Pipeline(app=app, topics=declare_topics(app, settings), settings=settings)
+
+
+class PipelineWorker(faust.Worker):
+    """Faust's worker that also says, in one plain line, when its role is ready.
+
+    Faust announces readiness through loggers that ``medic`` keeps at WARNING (they narrate every
+    connection at INFO), so ``medic stack`` and anyone reading the log wait for this line instead:
+    it is printed once the agents run and the partitions are assigned.
+
+    Args:
+        app: the pipeline's Faust app.
+        role: the role's name, for the line.
+        **kwargs: Faust's worker options (``loglevel``...).
+    """
+
+    def __init__(self, app: faust.App, *, role: str, **kwargs: object) -> None:
+        super().__init__(app, **kwargs)  # type: ignore[arg-type]
+        self.role = role
+
+    async def on_startup_finished(self) -> None:
+        """Faust's own readiness work, then the line."""
+        await super().on_startup_finished()
+        print(f"ready: {self.role} pipeline consumes its partitions", flush=True)

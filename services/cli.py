@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from services import stack_cli
 from services.celery_app import QUEUES
 from services.core.errors import ClusterMedicError
 from services.core.paths import REPO_ROOT
@@ -32,6 +33,7 @@ app.add_typer(topics_app, name="topics")
 detect_app = typer.Typer(help="Anomaly detectors: train, list models, evaluate.", no_args_is_help=True)
 app.add_typer(detect_app, name="detect")
 app.add_typer(sim_cli.app, name="sim", help="The GPU inference-cluster simulator.")
+app.add_typer(stack_cli.app, name="stack", help="Every role as a supervised process: up, down, status, logs.")
 app.add_typer(ingest_cli.app, name="ingest", help="Receivers and watchers that feed the telemetry topics.")
 app.add_typer(remediation_cli.app, name="remediation", help="Remediation runs, playbooks and policy.")
 app.add_typer(diag_cli.app, name="kb", help="Knowledge base: index, search; diagnose an incident.")
@@ -144,9 +146,7 @@ def pipeline(
     ),
 ) -> None:
     """Run the Faust worker for one role of the stream pipeline."""
-    from faust import Worker
-
-    from pipelines.app import create_pipeline
+    from pipelines.app import PipelineWorker, create_pipeline
     from pipelines.smoke import register_smoke
 
     settings = _settings()
@@ -170,7 +170,7 @@ def pipeline(
     else:
         console.print(f"unknown role {role!r}; known: detect, correlate, smoke")
         raise typer.Exit(2)
-    Worker(pipe.app, loglevel=settings.log_level.lower()).execute_from_commandline()
+    PipelineWorker(pipe.app, role=role, loglevel=settings.log_level.lower()).execute_from_commandline()
 
 
 @detect_app.command("train")

@@ -8,6 +8,7 @@ poll (at-least-once: each handler is idempotent or harmless to repeat).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -19,6 +20,7 @@ from services.core.errors import InfraNotReady
 from services.core.settings import Settings
 
 Handler = Callable[[bytes, bytes | None, KafkaPublisher], None]
+log = logging.getLogger(__name__)
 
 
 def consume(
@@ -63,6 +65,8 @@ def consume(
     stop = stop or threading.Event()
     try:
         with KafkaPublisher(settings) as publisher:
+            # `medic stack` waits for this line: the role is connected and about to take messages
+            log.info("ready: %s consumes %s", consumer, settings.topic(topic))
             while not stop.is_set() and (max_messages is None or handled < max_messages):
                 batches = kafka.poll(timeout_ms=poll_timeout_ms, max_records=50)
                 if not batches:

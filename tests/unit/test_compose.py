@@ -20,20 +20,16 @@ import pytest
 import yaml
 
 from services.core.settings import Settings
+from services.stack import ROLES
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = ROOT / "tests" / "fixtures" / "compose-spec.json"
 
-# Each ClusterMedic role: compose service name -> the command it runs.
+# Each ClusterMedic role: compose service name -> the command it runs. The long-running roles come
+# from the one list `medic stack` supervises; the migration job and the demo simulator are compose's.
 ROLE_COMMANDS: dict[str, list[str]] = {
     "migrate": ["medic", "db", "migrate"],
-    "ingest": ["medic", "ingest", "serve"],
-    "detect": ["medic", "pipeline", "--role", "detect"],
-    "correlate": ["medic", "pipeline", "--role", "correlate"],
-    "diagnose": ["medic", "diagnostician"],
-    "remediator": ["medic", "remediator"],
-    "worker": ["medic", "worker", "--queues", "remediation,notify"],
-    "api": ["medic", "api", "serve"],
+    **{role.name: ["medic", *role.argv] for role in ROLES},
     "simulator": ["medic", "sim", "run", "--scenario", "random", "--sink", "kafka", "--speed", "1"],
 }
 INGEST_PORT = 8081

@@ -43,7 +43,7 @@ INTENDED: dict[str, set[Peer]] = {
 # Pods that must NOT reach a Service port: other workloads, other monitoring pods, ClusterMedic's own
 # roles that have no business there (a compromised diagnostician must not push fake alerts).
 OUTSIDERS: list[Peer] = [
-    (None, _pod(**{"app.kubernetes.io/name": "clustermedic", "app.kubernetes.io/component": "diagnose"})),
+    (None, _pod(**{"app.kubernetes.io/name": "clustermedic", "app.kubernetes.io/component": "diagnostician"})),
     ((("kubernetes.io/metadata.name", "default"),), _pod(app="vllm")),
     (MONITORING, _pod(**{"app.kubernetes.io/name": "grafana"})),
     ((("kubernetes.io/metadata.name", "llm-serving"),), _pod(**{"app.kubernetes.io/name": "prometheus"})),

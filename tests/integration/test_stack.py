@@ -1,0 +1,103 @@
+"""``medic stack``: every role supervised against the real Kafka, PostgreSQL and Redis.
+
+The stack runs in a folder of its own with its own topic prefix, ports and Redis database, so it
+cannot take another test's messages or tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from services.core.bus import ensure_topics
+from services.core.settings import Settings
+from services.stack import ROLES, ROLES_BY_NAME, Role, Stack, StackError, _alive
+from tests.conftest import poll
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stack(tmp_path: Path, database_url: str, roles: tuple[Role, ...] = ROLES) -> Stack:
+    ports = {
+        "CLUSTERMEDIC_INGEST_PORT": str(_free_port()),
+        "CLUSTERMEDIC_API_PORT": str(_free_port()),
+        "CLUSTERMEDIC_FAUST_WEB_PORT": str(_free_port()),
+    }
+    env = {
+        **os.environ,
+        **ports,
+        "CLUSTERMEDIC_TOPIC_PREFIX": f"test.{uuid.uuid4().hex[:10]}.",
+        "CLUSTERMEDIC_DATABASE_URL": database_url,
+        # a Redis database of its own: no other test's worker takes this stack's tasks
+        "CLUSTERMEDIC_REDIS_URL": Settings().broker_url.rsplit("/", 1)[0] + "/12",
+        "CLUSTERMEDIC_RUN_DIR": str(tmp_path / "state"),
+    }
+    # correlate's second Faust web port, in the same spirit as the stack's own 16067
+    fixed = tuple(
+        Role(r.name, r.argv, r.health, r.what, (("CLUSTERMEDIC_FAUST_WEB_PORT", str(_free_port())),)) if r.env else r
+        for r in roles
+    )
+    settings = Settings(
+        ingest_port=int(ports["CLUSTERMEDIC_INGEST_PORT"]),
+        api_port=int(ports["CLUSTERMEDIC_API_PORT"]),
+        topic_prefix=env["CLUSTERMEDIC_TOPIC_PREFIX"],
+    )
+    ensure_topics(settings)  # what `medic up` does before `medic stack up`
+    return Stack(settings, run_dir=tmp_path, roles=fixed, env=env)
+
+
+def test_up_restarts_a_killed_role_and_down_stops_exactly_what_it_started(
+    tmp_path: Path, database_url: str, kafka_ready: None
+) -> None:
+    stack = _stack(tmp_path, database_url)
+    said: list[str] = []
+    try:
+        statuses = stack.up(timeout_s=240, say=said.append)
+        assert {s.name for s in statuses} == set(ROLES_BY_NAME) and all(s.ready for s in statuses)
+        assert sorted(said) == sorted(f"ready: {s.name} (pid {s.pid})" for s in statuses)
+        pids = {s.name: s.pid for s in statuses}
+        os.kill(pids["detect"], signal.SIGKILL)  # the role dies: supervisord starts it again
+        again = poll(
+            lambda: next(
+                (s for s in stack.status() if s.name == "detect" and s.ready and s.pid != pids["detect"]), None
+            ),
+            timeout_s=120,
+            what="detect restarted and ready",
+        )
+        assert again.restarts == 1 and "SIGKILL" in again.last_exit
+        pids["detect"] = again.pid
+        assert stack.tail("detect", 5), "the restarted role's log is kept"
+    finally:
+        stopped = stack.down()
+    assert stopped
+    assert not [name for name, pid in pids.items() if _alive(pid)], "every role stopped"
+    assert not stack.running()
+    with pytest.raises(StackError, match="no stack is running"):
+        stack.status()
+
+
+def test_a_role_that_cannot_start_is_named_with_its_log_and_the_others_are_stopped(
+    tmp_path: Path, database_url: str, kafka_ready: None
+) -> None:
+    broken = Role("detect", ("pipeline", "--role", "no-such-role"))
+    stack = _stack(tmp_path, database_url, roles=(ROLES_BY_NAME["api"], broken))
+    try:
+        with pytest.raises(StackError) as caught:
+            stack.up(timeout_s=120, say=lambda _: None)
+    finally:
+        stack.down()  # a no-op when up stopped everything, as it must
+    message = str(caught.value)
+    assert message.startswith("role detect could not start") and "unknown role 'no-such-role'" in message
+    assert "the others were stopped" in message
+    assert not stack.running()
