@@ -52,6 +52,13 @@ class ActuatorConfig(_Model):
     time_scale: float = Field(default=1.0, gt=0)
     timeout_s: float = Field(default=10.0, gt=0)
     options: dict[str, Any] = Field(default_factory=dict)
+    token: str | None = Field(
+        default=None,
+        repr=False,
+        exclude=True,
+        description="bearer token of the actuator's API: CLUSTERMEDIC_SIM_TOKEN for the simulator (a secret, "
+        "so the entrypoint sets it from the environment, never from the YAML)",
+    )
 
 
 class ExecutionConfig(_Model):

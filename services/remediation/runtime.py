@@ -77,7 +77,10 @@ def build_executor(
         config: remediation config (default: loaded from ``rsettings.config``).
     """
     config = config or load_config(rsettings.config, actuator_url=rsettings.actuator_url)
-    actuator = actuator_registry().load(config.actuator.kind).from_config(config.actuator)
+    actuator_config = config.actuator
+    if settings.sim_token and actuator_config.kind == "simulator":
+        actuator_config = actuator_config.model_copy(update={"token": settings.sim_token})
+    actuator = actuator_registry().load(actuator_config.kind).from_config(actuator_config)
     return Executor(
         store=RunStore(settings),
         actuator=actuator,

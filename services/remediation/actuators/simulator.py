@@ -46,6 +46,7 @@ class SimulatorActuator(Actuator):
         timeout_s: per-request timeout.
         time_scale: wall seconds per simulated second for the waits between verifications.
         transport: an httpx transport (tests).
+        token: the control API's bearer token (``CLUSTERMEDIC_SIM_TOKEN``), when it has one.
     """
 
     name = "simulator"
@@ -58,14 +59,16 @@ class SimulatorActuator(Actuator):
         timeout_s: float = 10.0,
         time_scale: float = 1.0,
         transport: httpx.BaseTransport | None = None,
+        token: str | None = None,
     ) -> None:
         self.time_scale = time_scale
-        self._http = httpx.Client(base_url=url, timeout=timeout_s, transport=transport)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=url, timeout=timeout_s, transport=transport, headers=headers)
         self._gpu_node: dict[str, str] = {}
 
     @classmethod
     def from_config(cls, config: ActuatorConfig) -> SimulatorActuator:
-        return cls(config.url, timeout_s=config.timeout_s, time_scale=config.time_scale)
+        return cls(config.url, timeout_s=config.timeout_s, time_scale=config.time_scale, token=config.token)
 
     def close(self) -> None:
         self._http.close()
