@@ -59,7 +59,6 @@ def serve_cmd(
     insecure: bool = typer.Option(False, "--insecure", help="allow a non-loopback address without a token"),
 ) -> None:
     """Run a simulation against the wall clock and serve it as a cluster: /metrics, Kubernetes events, control API."""
-    import math
     import signal
     import time
 
@@ -68,7 +67,7 @@ def serve_cmd(
     from services.core.errors import ClusterMedicError
     from services.core.exposure import check_listener
     from services.simulator.http import TOKEN_VARIABLE
-    from services.simulator.live import LiveSimulation, LogShipper, bind, check_speed, create_live_app
+    from services.simulator.live import LiveSimulation, LogShipper, bind, check_speed, create_live_app, live_epoch
     from services.simulator.live import kubeconfig as kubeconfig_text
     from services.simulator.scenario import load_scenario
     from services.simulator.simulator import Simulator
@@ -84,9 +83,10 @@ def serve_cmd(
     except ClusterMedicError as exc:
         typer.echo(f"medic sim serve: {exc}", err=True)
         raise typer.Exit(2) from exc
-    # simulated second 0 is this minute: telemetry is stamped near the wall clock, as a cluster's is
-    sim = Simulator(sc, seed=seed, epoch=60.0 * math.floor(time.time() / 60.0))
-    live = LiveSimulation(sim, speed, duration_s=duration)
+    length = sc.duration_s if duration is None else duration
+    # simulated time never passes the wall clock: telemetry is stamped as a real cluster's could be
+    sim = Simulator(sc, seed=seed, epoch=live_epoch(time.time(), length, speed))
+    live = LiveSimulation(sim, speed, duration_s=length)
     if loki_url:
         live.shipper = LogShipper(loki_url, settings.ingest_token, live.stats)
     server_url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"

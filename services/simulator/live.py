@@ -17,9 +17,10 @@ Loki push                 the log agent (promtail, Alloy) pushing container and 
                           which ``medic ingest watch-k8s`` follows through a kubeconfig
 ========================  ==================================================================
 
-Time: simulated second 0 is the wall-clock minute the simulation starts, and simulated time then runs
-``speed`` times faster than the wall clock. Every event carries its simulated time, and the pipeline's
-timers follow event time, so a run at ``--speed 30`` decides what a run at ``--speed 1`` decides.
+Time: simulated time runs ``speed`` times faster than the wall clock, and starts far enough in the past
+(:func:`live_epoch`) that it reaches the wall clock only as the run ends, so no event is ever stamped in
+the future. Every event carries its simulated time, and the pipeline's timers follow event time, so a
+run at ``--speed 30`` decides what a run at ``--speed 1`` decides.
 
 Everything that touches the simulator (a step, a control-API action, a scrape) holds
 :attr:`LiveSimulation.lock`.
@@ -60,6 +61,18 @@ def check_speed(speed: float) -> float:
     if not math.isfinite(speed) or speed <= 0 or speed > MAX_SPEED:
         raise ConfigError(f"--speed must be above 0 and at most {MAX_SPEED:g} simulated seconds per wall second")
     return speed
+
+
+def live_epoch(now: float, duration_s: float, speed: float) -> float:
+    """UNIX time of simulated second 0 for a run of ``duration_s`` simulated seconds at ``speed``.
+
+    Simulated time runs ``speed`` times faster than the wall clock. Started ``duration_s * (1 - 1/speed)``
+    seconds in the past (on a whole minute), it never passes the wall clock and reaches it as the run
+    ends: at ``--speed 1`` it is the wall clock; at ``--speed 30`` a 30-minute scenario starts 29
+    minutes ago. So every timestamp is one a receiver that refuses the future (as Loki and ClusterMedic's
+    ingest do) accepts, at any speed.
+    """
+    return 60.0 * math.floor((now - duration_s * (1.0 - 1.0 / speed)) / 60.0)
 
 
 def rfc3339(ts: float) -> str:

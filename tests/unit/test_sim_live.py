@@ -11,7 +11,7 @@ import pytest
 from services.core.errors import ConfigError
 from services.core.events import KubeEvent, ObjectRef
 from services.ingest.normalise import kube_event
-from services.simulator.live import EventLog, LiveSimulation, check_speed, core_v1_event
+from services.simulator.live import EventLog, LiveSimulation, check_speed, core_v1_event, live_epoch
 from services.simulator.scenario import load_scenario
 from services.simulator.simulator import Simulator
 from tests.conftest import poll
@@ -95,3 +95,14 @@ def test_the_clock_runs_the_simulation_and_keeps_what_each_door_serves() -> None
     # stamped with simulated time: the last scrape (t=105 s) after the start's wall-clock minute
     assert stamp_ms == round((started_minute + 105) * 1000)
     assert live.stats.log_lines > 0 and live.stats.metric_batches > 0
+
+
+@pytest.mark.parametrize("speed", [1.0, 30.0, 1000.0])
+def test_simulated_time_never_passes_the_wall_clock_and_reaches_it_at_the_end(speed: float) -> None:
+    now, duration = 1_800_000_000.0, 1800.0
+    epoch = live_epoch(now, duration, speed)
+    assert epoch % 60 == 0
+    for wall_elapsed in (0.0, duration / speed / 2, duration / speed):
+        simulated = epoch + wall_elapsed * speed
+        assert simulated <= now + wall_elapsed
+    assert now + duration / speed - (epoch + duration) < 60  # the run ends within a minute of the wall clock
