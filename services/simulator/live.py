@@ -328,18 +328,7 @@ class LiveSimulation:
         self.lock = threading.RLock()
         self.stats = LiveStats()
         self.events = EventLog()
-        c = sim.cluster
-        gpu_node = {u: c.nodes[int(c.gpus.node[i])].name for i, u in enumerate(c.gpu_uuids)}
-
-        def node_of(entity: str) -> str:
-            if entity in gpu_node:
-                return gpu_node[entity]
-            pod = c.pod_by_name.get(entity)
-            if pod is not None and pod.node >= 0:
-                return str(c.nodes[pod.node].name)
-            return entity if any(n.name == entity for n in c.nodes) else ""
-
-        self.metrics = LatestMetrics(node_of)
+        self.metrics = LatestMetrics(sim.node_of)
         self.shipper = shipper
         self.duration_s = sim.scenario.duration_s if duration_s is None else duration_s
         self.stopped = threading.Event()

@@ -43,16 +43,7 @@ def run(
     """
     sc = load_scenario(scenario)
     sim = Simulator(sc, seed=seed)
-    c = sim.cluster
-    node_of = {u: c.nodes[int(c.gpus.node[i])].name for i, u in enumerate(c.gpu_uuids)}
-
-    def entity_node(entity: str) -> str:
-        if entity in node_of:
-            return node_of[entity]
-        pod = c.pod_by_name.get(entity)
-        return c.nodes[pod.node].name if pod is not None and pod.node >= 0 else ""
-
-    sim.sinks.append(make_sink(sink, settings, entity_node, [n.name for n in c.nodes]))
+    sim.sinks.append(make_sink(sink, settings, sim.node_of, [n.name for n in sim.cluster.nodes]))
     start = time.monotonic()
 
     def pace(s: Simulator, _events: object) -> None:

@@ -106,6 +106,7 @@ class Simulator:
         self._latency_set = False  # extra_latency may be non-zero (only _apply_network_latency writes it)
         self._held: tuple[np.ndarray, np.ndarray, float] = (np.zeros(0, dtype=np.int64), np.zeros(0), 0.0)
         self.last_stats: dict[str, float] = {}
+        self._gpu_node: dict[str, str] | None = None
         self.events_emitted = 0
 
     def _traffic(self, rng: np.random.Generator) -> Traffic:
@@ -239,6 +240,21 @@ class Simulator:
             sink.close()
 
     # ------------------------------------------------------------------------------ queries
+
+    def node_of(self, entity: str) -> str:
+        """The node a GPU UUID, a pod or a node name is on ('' when unknown or not scheduled)."""
+        c = self.cluster
+        if self._gpu_node is None:  # GPUs never move between nodes: built once
+            self._gpu_node = {u: c.nodes[int(c.gpus.node[i])].name for i, u in enumerate(c.gpu_uuids)}
+        if entity in self._gpu_node:
+            return self._gpu_node[entity]
+        pod = c.pod_by_name.get(entity)
+        if pod is not None:
+            return str(c.nodes[pod.node].name) if pod.node >= 0 else ""
+        return entity if entity in self._node_names() else ""
+
+    def _node_names(self) -> frozenset[str]:
+        return frozenset(n.name for n in self.cluster.nodes)
 
     def mark_detected(self, fault_id: str) -> bool:
         """A policy says it has detected ``fault_id`` (records MTTD)."""
