@@ -141,9 +141,7 @@ def worker(
 @app.command()
 def pipeline(
     role: Annotated[str, typer.Option(help="Which agents to run: detect, correlate or smoke.")] = "detect",
-    routing: Annotated[str, typer.Option(help="correlate: the routing config.")] = str(
-        REPO_ROOT / "infra" / "config" / "routing.yaml"
-    ),
+    routing: Annotated[str, typer.Option(help="correlate: the routing config (default: routing_config).")] = "",
 ) -> None:
     """Run the Faust worker for one role of the stream pipeline."""
     from pipelines.app import PipelineWorker, create_pipeline
@@ -160,7 +158,7 @@ def pipeline(
         from pipelines.correlate import load_routing
         from pipelines.correlate.agent import register_correlate
 
-        register_correlate(pipe, load_routing(routing))
+        register_correlate(pipe, load_routing(routing or settings.routing_config))
     elif role == "smoke":
 
         async def print_event(event: object) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.core.paths import REPO_ROOT
+
 
 class Settings(BaseSettings):
     """Runtime configuration, read from ``CLUSTERMEDIC_*`` environment variables (and ``.env``)."""
@@ -58,6 +60,10 @@ class Settings(BaseSettings):
     # Faust
     faust_app_id: str = Field(default="clustermedic", description="Faust application id (consumer group).")
     faust_web_port: int = Field(default=16066, description="Port of the Faust worker's web server.")
+    routing_config: Path = Field(
+        default=REPO_ROOT / "infra" / "config" / "routing.yaml",
+        description="The routing tree (receivers, grouping, inhibition) correlate and the notifier load.",
+    )
     faust_web_host: str = Field(
         default="127.0.0.1",
         description="Address the Faust worker's web server binds (its pages are unauthenticated: loopback by default).",
@@ -151,6 +157,22 @@ class Settings(BaseSettings):
     ingest_deadletter_max_bytes: int = Field(
         default=256 * 1024, ge=0, description="Most bytes of a rejected payload kept in its dead letter."
     )
+    ingest_max_future_s: float = Field(
+        default=600.0,
+        ge=0,
+        description=(
+            "How far (s) ahead of the receiver's wall clock telemetry may be stamped; later entries are"
+            " refused and dead-lettered (Loki's creation_grace_period)."
+        ),
+    )
+    ingest_max_age_s: float = Field(
+        default=7 * 86_400.0,
+        gt=0,
+        description=(
+            "How old (s) telemetry may be when it reaches ingest; older entries are refused and"
+            " dead-lettered (Loki's reject_old_samples_max_age)."
+        ),
+    )
     ingest_scrape_targets: list[str] = Field(
         default_factory=list, description="URLs of /metrics endpoints `medic ingest scrape` polls (JSON list)."
     )
@@ -194,6 +216,24 @@ class Settings(BaseSettings):
     )
     ingest_nvml_hostname: str | None = Field(
         default=None, description="Hostname label of NVML readings (default: this host's name; in Kubernetes the node)."
+    )
+
+    # Correlate: the anomaly history it writes (pipelines/correlate; docs/correlation.md)
+    anomaly_retention_s: float = Field(
+        default=604800.0,
+        gt=0,
+        description=(
+            "How long the anomalies table keeps an anomaly, in event time (s): the correlate role deletes"
+            " older rows as its clock passes them."
+        ),
+    )
+    anomaly_evidence_max_bytes: int = Field(
+        default=8192,
+        ge=512,
+        description=(
+            "Most bytes of one stored anomaly's evidence JSON; larger evidence keeps its smallest fields"
+            " and names the dropped ones under `_dropped`."
+        ),
     )
 
     # Diagnostician and knowledge base (services/diagnostician; docs/diagnostician.md)
