@@ -17,7 +17,10 @@ its input is re-keyed by cluster and one :class:`~pipelines.correlate.engine.Eng
   surviving replica could not be linked to the XID that killed its sibling.
 * ``correlate`` applies everything on the internal topic to its cluster's engine and acts on the
   results: an :class:`IncidentEvent` is published on ``incidents.v1`` (key: incident id) and upserted
-  into Postgres; a :class:`Notification` goes to the injected ``notify`` callable.
+  into Postgres; a :class:`Notification` goes to the injected ``notify`` callable. Every anomaly it
+  decodes is also written to the ``anomalies`` table in micro-batches, for the diagnostician's evidence
+  tools, and rows older than ``anomaly_retention_s`` of event time are pruned
+  (:class:`~pipelines.correlate.history.AnomalyHistory`).
 
 **Clock.** Engine time is the anomaly's ``ts`` for ingest (so a replay of the same input gives the
 same incident ids) and wall time for ticks: a timer computes, per cluster, the engine time of the
@@ -29,11 +32,12 @@ in the order the first one saw them, so the interleaving, and with it every inci
 **State and acks.** Each engine is checkpointed as JSON (``Engine.to_dict``) into the
 ``correlate-engine-state`` table, keyed by cluster, at most every ``checkpoint_s`` (and when the
 worker stops or loses partitions). The agent consumes with manual acks: an event is acked only once
-a checkpoint that includes it is written, and the actions it caused were flushed to Kafka and
-Postgres first. A worker killed between checkpoints restarts from the last one and re-applies the
-events after it; the engine dedups by fingerprint and its incident ids are deterministic, so the
-re-application repeats the same actions (an upsert is idempotent; ``incidents.v1`` may carry an event
-twice, with the same incident id) and nothing is lost or duplicated.
+a checkpoint that includes it is written, and the actions it caused (and its anomaly's history row)
+were flushed to Kafka and Postgres first. A worker killed between checkpoints restarts from the last
+one and re-applies the events after it; the engine dedups by fingerprint and its incident ids are
+deterministic, so the re-application repeats the same actions (an upsert is idempotent;
+``incidents.v1`` may carry an event twice, with the same incident id) and nothing is lost or
+duplicated.
 
 **Silences** live in Postgres (API, CLI). The agent loads them before it processes anything and polls
 every ``silence_poll_s``, adding, replacing and expiring them in every engine.
@@ -56,7 +60,8 @@ from pipelines.app import Pipeline
 from pipelines.correlate.config import NOTIFIER_SEND_RESOLVED_DEFAULT, RoutingConfig
 from pipelines.correlate.engine import Engine
 from pipelines.correlate.errors import IncidentNotFound, SilenceError
-from pipelines.correlate.model import Action, Notification, alert_labels, fingerprint
+from pipelines.correlate.history import AnomalyHistory, alert_fingerprint
+from pipelines.correlate.model import Action, Notification
 from pipelines.correlate.silences import Silence
 from pipelines.correlate.topology import DEPLOYMENT_LABELS, GPU_LABELS, MODEL_LABELS, NODE_LABELS, tokens
 from services.core.events import Anomaly, IncidentEvent, RemediationEvent
@@ -85,13 +90,20 @@ Notify = Callable[[Notification], None]
 
 
 class CorrelateStore(Protocol):
-    """What the agent persists and reads besides Kafka: incidents out, silences in.
+    """What the agent persists and reads besides Kafka: incidents and the anomaly history out, silences in.
 
-    Both methods block (the agent calls them in its own database thread).
+    Every method blocks (the agent calls them in its own database thread) and raises when the store
+    is unreachable (the agent retries the same call).
     """
 
     def save_incidents(self, events: Sequence[IncidentEvent]) -> None:
         """Upsert incident events (and their linked alerts), idempotently, in order."""
+
+    def save_anomalies(self, anomalies: Sequence[Anomaly]) -> list[tuple[Anomaly, str]]:
+        """Upsert one batch of anomalies into the history; return those it cannot store, with why."""
+
+    def prune_anomalies(self, older_than: float) -> int:
+        """Delete stored anomalies older than ``older_than`` (event time); return how many."""
 
     def silences(self) -> list[Silence]:
         """Every silence the engines should know: pending, active and recently expired."""
@@ -112,6 +124,9 @@ class CorrelateOptions:
         topology_refresh_s: re-send an unchanged topology fact after this much telemetry time, so it
             outlives the engine's ``fact_ttl``.
         retry_max_s: longest wait between two attempts of a failing database write.
+        anomaly_batch: write the anomaly history as soon as this many anomalies wait (else at the
+            next checkpoint).
+        anomaly_prune_s: least event time between two prunes of the anomaly history.
     """
 
     tick_s: float = 1.0
@@ -120,6 +135,8 @@ class CorrelateOptions:
     topology_from_metrics: bool = True
     topology_refresh_s: float = 3600.0
     retry_max_s: float = 10.0
+    anomaly_batch: int = 500
+    anomaly_prune_s: float = 3600.0
 
 
 # ------------------------------------------------------------------------------ engines (no I/O)
@@ -185,7 +202,7 @@ class Correlator:
         """
         engine = self.engine(cluster)
         seen = self.seen.setdefault(cluster, {})
-        fp = anomaly.fingerprint or fingerprint(alert_labels(anomaly))
+        fp = alert_fingerprint(anomaly)
         last = seen.get(fp)
         if last is not None and anomaly.ts <= last:
             return []
@@ -241,6 +258,15 @@ class Correlator:
         if at is None or at.engine_time is None:
             return None
         return at.engine_time + max(0.0, self.clock() - at.wall)
+
+    def event_time(self) -> float | None:
+        """The earliest engine clock among the clusters held (None before any): the anomaly history's clock.
+
+        The earliest, so that one cluster's clock running ahead (a forged timestamp) cannot prune the
+        history of the others.
+        """
+        clocks = [engine.clock for engine in self.engines.values() if engine.clock is not None]
+        return min(clocks) if clocks else None
 
     def set_silences(self, silences: Sequence[Silence]) -> None:
         """Make every engine's silences match ``silences`` (the store's)."""
@@ -418,6 +444,17 @@ class PostgresCorrelateStore:
 
         self._run(lambda conn: upsert_incident_events(conn, events))
 
+    def save_anomalies(self, anomalies: Sequence[Anomaly]) -> list[tuple[Anomaly, str]]:
+        from services.store.anomalies import write_anomalies
+
+        limit = self.settings.anomaly_evidence_max_bytes
+        return self._run(lambda conn: write_anomalies(conn, anomalies, max_evidence_bytes=limit))
+
+    def prune_anomalies(self, older_than: float) -> int:
+        from services.store.anomalies import prune_anomalies
+
+        return self._run(lambda conn: prune_anomalies(conn, older_than))
+
     def silences(self) -> list[Silence]:
         from services.store.silences import engine_silences
 
@@ -470,6 +507,7 @@ def register_correlate(
     notify = notify or default_notifier(settings, config)
     store = store or PostgresCorrelateStore(settings)
     correlator = Correlator(config, clock)
+    history = AnomalyHistory(settings.anomaly_retention_s, opts.anomaly_batch, opts.anomaly_prune_s)
     by_cluster = app.topic(
         settings.topic(BY_CLUSTER_TOPIC),
         key_type=bytes,
@@ -529,12 +567,32 @@ def register_correlate(
                 except Exception:  # the notify stage owns retries; a bug there must not stop correlation
                     log.exception("notify failed for group %s", action.group_key)
 
+    async def store_history() -> None:
+        """Write the pending anomalies (one round trip) and prune the history when it is due."""
+        batch = history.take()
+        if batch:
+            rejected = await in_db(lambda: store.save_anomalies(batch), "saving anomalies")
+            for anomaly, reason in rejected:
+                await pipeline.dead_letter(
+                    raw=anomaly.to_bytes(),
+                    key=anomaly.key().encode(),
+                    source_topic=Anomaly.topic,
+                    error=f"correlated, but not stored in the anomaly history: {reason}",
+                    consumer=CORRELATE_AGENT,
+                )
+        horizon = history.prune_before(correlator.event_time())
+        if horizon is not None:
+            deleted = await in_db(lambda: store.prune_anomalies(horizon), "pruning anomalies")
+            if deleted:
+                log.info("pruned %d anomalies older than the retention", deleted)
+
     async def checkpoint() -> None:
         nonlocal last_checkpoint
         async with lock:
             if not pending and not correlator.dirty:
                 return
             # What the acked events caused must be durable before the state that no longer causes it.
+            await store_history()
             await app.producer.flush()
             for cluster in sorted(correlator.dirty):
                 if cluster in correlator.engines:
@@ -610,9 +668,12 @@ def register_correlate(
                     anomaly = await pipeline.decode(Anomaly, event.value, event.key, consumer=CORRELATE_AGENT)
                     if anomaly is not None:
                         actions = correlator.ingest(cluster, anomaly)
+                        history.add(anomaly)  # every anomaly, also one the engine drops as a redelivery
                 correlator.advance(cluster, partition, offset)
                 await emit(actions)
                 pending.append((acking, event))
+                if history.full():
+                    await store_history()
             if checkpoint_due():
                 await checkpoint()
 

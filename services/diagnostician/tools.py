@@ -5,8 +5,10 @@ with a message) and never raises: one broken source (the database is down, an al
 evidence) must not stop a diagnosis that the other tools can still support.
 
 Tools read the incident's alerts (``AlertRef.evidence`` holds what each detector saw) and, when a
-connection is given, the ``anomalies`` table. :func:`gather_evidence` runs every registered tool and
-condenses the results into an :class:`Evidence`, the input of both diagnosticians.
+connection is given, the ``anomalies`` table: every anomaly the correlate role consumed, keyed by its
+alert's fingerprint and time (``services/store/anomalies.py``; firing occurrences only are read).
+:func:`gather_evidence` runs every registered tool and condenses the results into an :class:`Evidence`,
+the input of both diagnosticians.
 
 Registered tools (one line each in :data:`TOOLS`)::
 
@@ -275,7 +277,7 @@ class IncidentAnomaliesTool(EvidenceTool):
             prints = [a.fingerprint for a in ctx.incident.alerts]
             rows = ctx.conn.execute(
                 "SELECT fingerprint, count(*), max(score), max(ts) FROM anomalies"
-                " WHERE fingerprint = ANY(%s) GROUP BY fingerprint",
+                " WHERE fingerprint = ANY(%s) AND status = 'firing' GROUP BY fingerprint",
                 (prints,),
             ).fetchall()
             if not ctx.conn.autocommit:
@@ -374,14 +376,18 @@ class TopologyTool(EvidenceTool):
             nodes = sorted(values["node"])
             since = datetime.fromtimestamp(ctx.incident.opened_at - ctx.lookback_s, UTC)
             rows = ctx.conn.execute(
-                "SELECT DISTINCT entity, signal FROM anomalies"
-                " WHERE ts >= %s AND (labels->>'node' = ANY(%s) OR labels->>'Hostname' = ANY(%s)) LIMIT 50",
+                "SELECT entity, signal, min(provenance->>'source') FROM anomalies"
+                " WHERE ts >= %s AND status = 'firing'"
+                " AND (labels->>'node' = ANY(%s) OR labels->>'Hostname' = ANY(%s))"
+                " GROUP BY entity, signal ORDER BY entity, signal LIMIT 50",
                 (since, nodes, nodes),
             ).fetchall()
             if not ctx.conn.autocommit:
                 ctx.conn.rollback()
             own = {(a.entity, a.signal) for a in ctx.incident.alerts}
-            neighbours = [{"entity": r[0], "signal": r[1]} for r in rows if (r[0], r[1]) not in own]
+            neighbours = [
+                {"entity": r[0], "signal": r[1], "source": r[2] or "unknown"} for r in rows if (r[0], r[1]) not in own
+            ]
             if neighbours:
                 out["neighbour_anomalies"] = neighbours
         return out
@@ -433,19 +439,27 @@ class RecentChangesTool(EvidenceTool):
         if ctx.conn is not None:
             since = datetime.fromtimestamp(ctx.incident.opened_at - ctx.lookback_s, UTC)
             rows = ctx.conn.execute(
-                "SELECT entity, signal, evidence->>'reason', extract(epoch FROM ts) FROM anomalies"
-                " WHERE ts >= %s AND (signal = ANY(%s) OR evidence->>'reason' = ANY(%s))"
+                "SELECT entity, signal, evidence->>'reason', extract(epoch FROM ts), provenance->>'source'"
+                " FROM anomalies WHERE ts >= %s AND status = 'firing'"
+                " AND (signal = ANY(%s) OR evidence->>'reason' = ANY(%s))"
                 " ORDER BY ts DESC LIMIT 20",
                 (since, sorted(CHANGE_SIGNALS), sorted(CHANGE_REASONS)),
             ).fetchall()
             if not ctx.conn.autocommit:
                 ctx.conn.rollback()
             seen = {(c["entity"], c["signal"]) for c in changes}
-            changes.extend(
-                {"entity": r[0], "signal": r[1], "reason": r[2] or "", "at": float(r[3])}
-                for r in rows
-                if (r[0], r[1]) not in seen
-            )
+            for r in rows:  # newest first: one entry per entity and signal, at its latest occurrence
+                if (r[0], r[1]) not in seen:
+                    seen.add((r[0], r[1]))
+                    changes.append(
+                        {
+                            "entity": r[0],
+                            "signal": r[1],
+                            "reason": r[2] or "",
+                            "at": float(r[3]),
+                            "source": r[4] or "unknown",
+                        }
+                    )
         return changes
 
 
