@@ -1,0 +1,1 @@
+"""Evaluation harnesses (simulator seeds, closed loop): never imported by services."""
