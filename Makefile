@@ -51,7 +51,7 @@ demo: up
 	$(MEDIC) demo
 
 lint: install
-	$(BIN)/ruff check services pipelines tests bench
+	$(BIN)/ruff check services pipelines evals tests bench
 	@# the cache outlives the clone: checking torch's stubs again costs minutes
 	MYPY_CACHE_DIR=$(HOME)/.cache/clustermedic/mypy $(BIN)/mypy
 

@@ -565,6 +565,23 @@ def remediator_service() -> None:
     run(settings, build_executor(settings, RemediationSettings(), CeleryDispatcher()))
 
 
+@app.command("notifier")
+def notifier_service(
+    routing: Annotated[str, typer.Option(help="The routing config (receivers, route tree).")] = str(
+        REPO_ROOT / "infra" / "config" / "routing.yaml"
+    ),
+) -> None:
+    """Run the notifier: diagnoses and remediation runs on their topics reach humans (Slack, PagerDuty, webhooks)."""
+    from pipelines.correlate import load_routing
+    from services.celery_app import configure
+    from services.notify.service import run
+
+    settings = _settings()
+    config = load_routing(routing)
+    configure(settings)
+    run(settings, config)
+
+
 @app.command()
 def demo() -> None:
     """Send one event of each type through Kafka and the smoke agent; print what arrived."""
@@ -586,6 +603,33 @@ def demo() -> None:
         console.print("[red]smoke flow FAILED: not every event arrived or the malformed one was not dead-lettered")
         raise typer.Exit(1)
     out.print(f"[green]smoke flow OK: {len(result.received)} events arrived, malformed input dead-lettered")
+
+
+@eval_app.command("loop")
+def eval_loop(
+    seeds: Annotated[str, typer.Option(help="Seeds: A-B, or a comma list.")] = "1-5",
+    scenario: Annotated[str | None, typer.Option(help="One scenario (default: one per fault type).")] = None,
+    speed: Annotated[float, typer.Option(help="0: as fast as the simulator goes (the only mode in process).")] = 0.0,
+) -> None:
+    """The closed loop (detect, correlate, diagnose, remediate) against the simulator, beside its baselines.
+
+    The scorecard is JSON on stdout and a table on stderr; one progress line per seed and scenario on
+    stderr (docs/evaluation.md).
+    """
+    if speed != 0:
+        console.print("--speed must be 0 in process; a paced run is `medic sim serve --speed X` with `medic stack up`")
+        raise typer.Exit(2)
+    from evals.loop import evaluate, render_table, scorecard
+
+    settings = _settings()
+    try:
+        episodes = evaluate(settings, parse_seeds(seeds), scenario=scenario)
+    except ClusterMedicError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(1) from exc
+    card = scorecard(episodes)
+    console.print(render_table(card))
+    sys.stdout.write(json.dumps(card, indent=2, sort_keys=True) + "\n")
 
 
 def parse_seeds(spec: str) -> list[int]:
