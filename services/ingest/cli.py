@@ -83,6 +83,7 @@ def watch_k8s() -> None:
     from services.core.bus import KafkaPublisher, ensure_topics
     from services.core.events import DeadLetter, KubeEvent
     from services.ingest.kube import EventWatcher, api_client
+    from services.ingest.timebounds import TimeCheck
 
     settings = _settings()
     ensure_topics(settings)
@@ -94,7 +95,11 @@ def watch_k8s() -> None:
         publisher.flush(settings.ingest_flush_timeout_s)  # acked before the watcher moves on
 
     watcher = EventWatcher(
-        api_client(settings), emit, api_group=settings.ingest_k8s_api, namespace=settings.ingest_k8s_namespace
+        api_client(settings),
+        emit,
+        api_group=settings.ingest_k8s_api,
+        namespace=settings.ingest_k8s_namespace,
+        time_window=lambda now: TimeCheck.of(settings, now),
     )
     try:
         watcher.run()

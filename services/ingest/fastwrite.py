@@ -17,7 +17,11 @@ upb (C) costs ~1.3 µs a sample. Here instead:
    WriteRequest with valid UTF-8, so that walk can trust the framing. The caches are only filled by
    that walk, so a series served from them is byte-for-byte one upb accepted before: a body made only
    of such series is valid without parsing it again.
-3. each MetricBatch's JSON is assembled from those fragments (``repr`` of a finite float is valid
+3. Event time is bounded (:mod:`services.ingest.timebounds`): the fast path checks a timestamp once
+   per request (a request's samples share a handful of them), when it first meets its 6 bytes, and
+   keeps the admitted ones in a per-request map, so a valid sample costs what it cost before; the
+   general walk checks each sample.
+4. each MetricBatch's JSON is assembled from those fragments (``repr`` of a finite float is valid
    JSON) and carried by :class:`EncodedMetricBatch`, whose ``to_bytes`` returns it.
 
 The JSON is what :meth:`MetricBatch.to_bytes` would write for the same batch; a unit test checks the
@@ -41,6 +45,7 @@ from services.core.events import MetricBatch
 from services.ingest.errors import RejectedInput
 from services.ingest.normalise import entity_of
 from services.ingest.protowire import WriteRequest
+from services.ingest.timebounds import TimeCheck
 
 _DOUBLE = struct.Struct("<d")
 _json_string = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str, in C
@@ -223,17 +228,32 @@ class SeriesCache:
 
     def stamp(self, raw: bytes) -> str | None:
         """The JSON tail for a 6-byte timestamp varint; None when ``raw`` is not one."""
-        packed = int.from_bytes(raw, "little")
-        if len(raw) != 6 or packed & 0x80_80_80_80_80_80 != 0x00_80_80_80_80_80:
+        ms = six_byte_ms(raw)
+        if ms is None:
             return None
-        ms = 0
-        for shift in range(6):
-            ms |= (packed >> (8 * shift) & 0x7F) << (7 * shift)
         tail = ',"ts":' + repr(ms / 1000.0) + "}"
         if len(self.stamps) >= max(1, self._capacity // 10):
             self.stamps.clear()
         self.stamps[raw] = tail
         return tail
+
+
+def six_byte_ms(raw: bytes) -> int | None:
+    """The milliseconds a 6-byte timestamp varint holds; None when ``raw`` is not one."""
+    packed = int.from_bytes(raw, "little")
+    if len(raw) != 6 or packed & 0x80_80_80_80_80_80 != 0x00_80_80_80_80_80:
+        return None
+    ms = 0
+    for shift in range(6):
+        ms |= (packed >> (8 * shift) & 0x7F) << (7 * shift)
+    return ms
+
+
+def _shown(series: _Series) -> dict[str, object]:
+    """A refused sample's name and labels for its dead letter (read back from the cached JSON prefix)."""
+    shown: dict[str, object] = json.loads(series.prefix + "0}")
+    shown.pop("value", None)
+    return shown
 
 
 def _one_sample_tail(buf: bytes, end: int) -> bool:
@@ -287,12 +307,18 @@ def validate_write_request(buf: bytes) -> None:
 
 
 def walk_write_request(
-    buf: bytes, cache: SeriesCache, *, max_samples: int, source: str = "remote_write"
+    buf: bytes,
+    cache: SeriesCache,
+    *,
+    max_samples: int,
+    source: str = "remote_write",
+    check: TimeCheck | None = None,
 ) -> tuple[list[EncodedMetricBatch], int, int]:
     """Turn a decompressed WriteRequest into one batch per entity (see the module docstring).
 
     Series found in the cache take the shortcut; at the first one that does not, the whole body is
     validated with upb (once) and that series takes the general walk, which teaches the cache.
+    Samples stamped outside ``check``'s window are left out and counted there.
 
     Returns:
         ``(batches, samples accepted, samples dropped as non-finite)``.
@@ -301,13 +327,15 @@ def walk_write_request(
         RejectedInput: the body is not a valid WriteRequest, or a series is invalid.
     """
     try:
-        return _walk(buf, cache, max_samples, source)
+        return _walk(buf, cache, max_samples, source, check)
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         validate_write_request(buf)  # says what is wrong in upb's words, if it can
         raise RejectedInput(f"body is not a prometheus.WriteRequest: {exc}", reason="protobuf") from exc
 
 
-def _walk(buf: bytes, cache: SeriesCache, max_samples: int, source: str) -> tuple[list[EncodedMetricBatch], int, int]:
+def _walk(
+    buf: bytes, cache: SeriesCache, max_samples: int, source: str, check: TimeCheck | None
+) -> tuple[list[EncodedMetricBatch], int, int]:
     by_entity: dict[str, list[str]] = {}
     accepted = dropped = index = 0
     validated = False
@@ -317,6 +345,9 @@ def _walk(buf: bytes, cache: SeriesCache, max_samples: int, source: str) -> tupl
     one_sample = cache.one_sample.get
     zero_sample = cache.zero_sample.get
     stamps = cache.stamps.get
+    # this request's timestamps that passed the bound check: checked once each, then a dict lookup
+    admitted: dict[bytes, str] = {}
+    admitted_stamp = admitted.get
     while pos < end:
         if buf[pos] == 0x0A:  # a TimeSeries; its length is a 1- or 2-byte varint below 16 KiB
             low = buf[pos + 1]
@@ -338,7 +369,20 @@ def _walk(buf: bytes, cache: SeriesCache, max_samples: int, source: str) -> tupl
                     series = zero_sample(buf[start : series_end - 6])
                 if series is not None:
                     raw_ms = buf[series_end - 6 : series_end]
-                    stamp = stamps(raw_ms) or cache.stamp(raw_ms)
+                    stamp = admitted_stamp(raw_ms)
+                    if stamp is None and (stamp := stamps(raw_ms) or cache.stamp(raw_ms)) is not None:
+                        ts = (six_byte_ms(raw_ms) or 0) / 1000.0
+                        bound = check.bound_of(ts) if check is not None else None
+                        if bound is None:
+                            admitted[raw_ms] = stamp
+                        else:  # refused: this sample only; its neighbours go on
+                            pos = series_end
+                            index += 1
+                            if not isfinite(value):
+                                dropped += 1
+                            elif check is not None:
+                                check.refuse(bound, ts, _shown(series))
+                            continue
                     if stamp is not None:
                         pos = series_end
                         index += 1
@@ -377,7 +421,11 @@ def _walk(buf: bytes, cache: SeriesCache, max_samples: int, source: str) -> tupl
             ms &= 0xFFFF_FFFF_FFFF_FFFF  # a varint may carry more than 64 bits; an int64 keeps the low 64
             if ms >= 1 << 63:  # int64 on the wire is two's complement
                 ms -= 1 << 64
-            bucket.append(prefix + repr(value) + ',"ts":' + repr(ms / 1000.0) + "}")
+            ts = ms / 1000.0
+            if check is not None and (bound := check.bound_of(ts)) is not None:
+                check.refuse(bound, ts, _shown(series))
+                continue
+            bucket.append(prefix + repr(value) + ',"ts":' + repr(ts) + "}")
             accepted += 1
     batches = [
         EncodedMetricBatch.of(entity, source, samples_json[start : start + max_samples])

@@ -17,6 +17,12 @@ Every payload is validated; a bad one gets a 4xx with a plain-text reason and is
 or whose events Kafka does not acknowledge in time, gets 503 with ``Retry-After``: Prometheus,
 Promtail/Alloy and Alertmanager all retry 5xx answers, and none of them is asked to retry a 4xx.
 Success is answered only after Kafka acknowledged every event of the payload (at-least-once).
+
+Entries stamped outside the event-time window (``ingest_max_future_s`` ahead of this receiver's
+clock, ``ingest_max_age_s`` behind it) are refused one by one, as Loki and Prometheus refuse them:
+their valid neighbours are published and acknowledged first, then the refused ones are
+dead-lettered and the payload is answered 400 with their count and the bound. The sender does not
+retry a 4xx, which is right: the same entries would be refused again.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from services.ingest.dedup import DeliveredKeys
 from services.ingest.errors import Overloaded, RejectedInput, Unauthorized
 from services.ingest.fastwrite import SeriesCache
 from services.ingest.sink import IngestMetrics, Publisher, PublishQueue
+from services.ingest.timebounds import TimeCheck
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +64,8 @@ class Parsed:
     dropped: int = 0
     duplicates: int = 0
     keys: list[str] = field(default_factory=list)
+    check: TimeCheck | None = None
+    """The payload's event-time window and what it refused."""
 
 
 class IngestService:
@@ -79,6 +88,11 @@ class IngestService:
         )
         self.delivered = DeliveredKeys(settings.ingest_dedup_ttl_s, settings.ingest_dedup_capacity)
         self.series = SeriesCache()
+        self.clock: Callable[[], float] = time.time  # the receiver's wall clock, for the event-time window
+
+    def time_check(self) -> TimeCheck:
+        """The event-time window of a payload arriving now."""
+        return TimeCheck.of(self.settings, self.clock())
 
     # ------------------------------------------------------------------ request plumbing
 
@@ -152,6 +166,15 @@ class IngestService:
             self.metrics.dropped.labels(receiver).inc(parsed.dropped)
         if parsed.duplicates:
             self.metrics.duplicates.labels(receiver).inc(parsed.duplicates)
+        check = parsed.check
+        if check is not None and check.refused:
+            # the valid entries are in Kafka now; the refused ones get a dead letter and a 400
+            self.metrics.out_of_bounds.labels(receiver, "too_new").inc(check.too_new)
+            self.metrics.out_of_bounds.labels(receiver, "too_old").inc(check.too_old)
+            total = parsed.items + parsed.dropped + parsed.duplicates + check.refused
+            refusal = RejectedInput(check.message(total), reason="out_of_bounds")
+            keep = self.settings.ingest_deadletter_max_bytes
+            return await self.reject(request, receiver, check.deadletter_raw(keep), refusal)
         response = success(parsed)
         self.metrics.requests.labels(receiver, str(response.status_code)).inc()
         return response
@@ -209,42 +232,48 @@ class IngestService:
             raise RejectedInput(
                 f"remote_write version {version} is not supported (1.0: 0.1.0)", status=415, reason="version"
             )
+        check = self.time_check()
         batches, accepted, dropped = normalise.remote_write(
             body,
             max_decompressed=self.settings.ingest_max_decompressed_bytes,
             max_samples=self.settings.ingest_max_samples_per_batch,
             cache=self.series,
+            check=check,
         )
-        return Parsed(list(batches), accepted, dropped)
+        return Parsed(list(batches), accepted, dropped, check=check)
 
     def parse_loki(self, body: bytes, headers: Headers) -> Parsed:
         """Decode a Loki push body, JSON or protobuf, as Loki's own push endpoint does."""
         limit = self.settings.ingest_max_decompressed_bytes
         media = headers.get("content-type", "").partition(";")[0].strip().lower()
         encoding = headers.get("content-encoding", "").strip().lower()
+        check = self.time_check()
         if media in ("application/json", "text/json") or media.endswith("+json"):
-            records = normalise.loki_json(normalise.inflate(body, encoding, limit))
+            records = normalise.loki_json(normalise.inflate(body, encoding, limit), check)
         elif media in ("", "application/x-protobuf", "application/protobuf"):
             outer = "" if encoding == "snappy" else encoding  # the protobuf body is always snappy inside
-            records = normalise.loki_protobuf(normalise.inflate(body, outer, limit), max_decompressed=limit)
+            records = normalise.loki_protobuf(
+                normalise.inflate(body, outer, limit), max_decompressed=limit, check=check
+            )
         else:
             raise RejectedInput(
                 f"Content-Type {media!r}: Loki push takes application/json or application/x-protobuf",
                 status=415,
                 reason="media_type",
             )
-        return Parsed(list(records), len(records))
+        return Parsed(list(records), len(records), check=check)
 
     def parse_alertmanager(self, body: bytes, headers: Headers) -> Parsed:
         """Decode a webhook v4 body, keeping only alert states not delivered before."""
-        pairs = normalise.alertmanager_webhook(body)
+        check = self.time_check()
+        pairs = normalise.alertmanager_webhook(body, check)
         events: list[Event] = []
         keys: list[str] = []
         for key, anomaly in pairs:
             if self.delivered.reserve(key):
                 keys.append(key)
                 events.append(anomaly)
-        return Parsed(events, len(events), duplicates=len(pairs) - len(events), keys=keys)
+        return Parsed(events, len(events), duplicates=len(pairs) - len(events), keys=keys, check=check)
 
 
 def _param(params: str, name: str) -> str:

@@ -31,6 +31,7 @@ from services.core.settings import Settings
 from services.ingest.dedup import DeliveredKeys
 from services.ingest.errors import RejectedInput
 from services.ingest.normalise import kube_event
+from services.ingest.timebounds import TimeCheck
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ class EventWatcher:
         namespace: follow one namespace; empty: all.
         watch_timeout_s: server-side timeout of one watch request (then it is renewed).
         remember: how many delivered event versions are kept for dedup across relists.
+        time_window: makes the event-time window at a wall-clock time (:meth:`TimeCheck.of` with the
+            settings): an event stamped outside it is dead-lettered (reason out_of_bounds); None: no bound.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class EventWatcher:
         namespace: str = "",
         watch_timeout_s: int = 300,
         remember: int = 100_000,
+        time_window: Callable[[float], TimeCheck] | None = None,
     ) -> None:
         if api_group == "core":
             core = client.CoreV1Api(api)
@@ -86,6 +90,7 @@ class EventWatcher:
         else:
             raise ValueError(f"api_group must be 'core' or 'events', not {api_group!r}")
         self._emit = emit
+        self._time_window = time_window
         self._timeout_s = watch_timeout_s
         self._seen = DeliveredKeys(ttl_s=7 * 86_400, capacity=remember)
         self._watch: watch.Watch | None = None
@@ -153,13 +158,15 @@ class EventWatcher:
 
     def _deliver(self, objects: list[Mapping[str, Any]]) -> None:
         out: list[KubeEvent | DeadLetter] = []
+        now = time.time()
         for obj in objects:
             meta = obj.get("metadata") or {}
             key = f"{meta.get('uid', '')}/{meta.get('resourceVersion', '')}"
             if not self._seen.reserve(key):
                 continue
             try:
-                out.append(kube_event(obj))
+                check = self._time_window(now) if self._time_window is not None else None
+                out.append(kube_event(obj, check))
             except RejectedInput as exc:
                 out.append(
                     DeadLetter.of(

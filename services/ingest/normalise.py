@@ -2,7 +2,10 @@
 
 Every function here is pure (no I/O, no clock unless a ``now`` is passed) and raises
 :class:`~services.ingest.errors.RejectedInput` for input it cannot accept, with a message that says
-what is wrong. Labels and values are kept as received: counters stay cumulative and histograms stay
+what is wrong. Given a :class:`~services.ingest.timebounds.TimeCheck`, each leaves out (and the check
+counts) the entries stamped outside the event-time window, keeping their valid neighbours.
+
+Labels and values are kept as received: counters stay cumulative and histograms stay
 ``_bucket``/``_sum``/``_count`` series, so detectors compute rates downstream without losing anything.
 
 Entity keys decide the Kafka partition, so every signal about one thing lands on one partition:
@@ -30,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from services.core.events import Anomaly, KubeEvent, LogRecord, MetricBatch, ObjectRef, Provenance, Severity
 from services.ingest.errors import RejectedInput
 from services.ingest.protowire import PushRequest, WriteRequest
+from services.ingest.timebounds import TimeCheck
 
 if TYPE_CHECKING:
     from services.ingest.fastwrite import SeriesCache
@@ -131,6 +135,7 @@ def metric_batches(
     *,
     source: str,
     max_samples: int,
+    check: TimeCheck | None = None,
 ) -> tuple[list[MetricBatch], int]:
     """Group samples into one :class:`MetricBatch` per entity (split at ``max_samples``).
 
@@ -138,6 +143,7 @@ def metric_batches(
         series: ``(labels with __name__, [(value, ts seconds), ...])`` per series.
         source: recorded in each batch (``remote_write``, ``scrape``, ``query_range``).
         max_samples: most samples per batch, so one message stays well under Kafka's 1 MB.
+        check: the event-time window; samples outside it are left out and counted there.
 
     Returns:
         The batches and how many samples were dropped because their value is not finite (NaN
@@ -153,6 +159,8 @@ def metric_batches(
             if not math.isfinite(value):
                 dropped += 1
                 continue
+            if check is not None and not check.admit(ts, {"name": name, "labels": labels}):
+                continue
             bucket.append({"name": name, "labels": labels, "value": value, "ts": ts})
     batches = []
     for entity, samples_ in by_entity.items():
@@ -163,12 +171,20 @@ def metric_batches(
 
 
 def remote_write(
-    body: bytes, *, max_decompressed: int, max_samples: int, cache: SeriesCache | None = None
+    body: bytes,
+    *,
+    max_decompressed: int,
+    max_samples: int,
+    cache: SeriesCache | None = None,
+    check: TimeCheck | None = None,
 ) -> tuple[list[MetricBatch], int, int]:
     """Decode a remote_write 1.0 body (snappy block of a ``prometheus.WriteRequest``).
 
     Every series must have a non-empty ``__name__`` and unique, non-empty label names; a request
     with one bad series is rejected whole (400), as Prometheus does not retry 4xx answers.
+
+    Samples stamped outside ``check``'s window are left out and counted there (not in the returned
+    figures).
 
     Returns:
         ``(batches, samples accepted, samples dropped as non-finite)``.
@@ -181,7 +197,7 @@ def remote_write(
     raw = snappy_block(body, max_decompressed)
     # the walk checks the body with upb (C) unless every series is one upb accepted before
     cache = cache if cache is not None else SeriesCache()
-    batches, accepted, dropped = walk_write_request(raw, cache, max_samples=max_samples)
+    batches, accepted, dropped = walk_write_request(raw, cache, max_samples=max_samples, check=check)
     return list(batches), accepted, dropped
 
 
@@ -240,11 +256,11 @@ def _check_stream(index: int, stream: dict[str, str]) -> None:
         raise RejectedInput(f"stream {index}: at least one label pair is required", reason="labels")
 
 
-def loki_json(raw: bytes) -> list[LogRecord]:
+def loki_json(raw: bytes, check: TimeCheck | None = None) -> list[LogRecord]:
     """Decode a Loki JSON push body ``{"streams": [{"stream": {...}, "values": [["<ns>", "line"]]}]}``.
 
     A third element of a value (structured metadata) is accepted and not kept: LogRecord has no field
-    for it.
+    for it. Entries stamped outside ``check``'s window are left out and counted there.
 
     Raises:
         RejectedInput: not JSON, or not the documented shape.
@@ -285,12 +301,17 @@ def loki_json(raw: bytes) -> list[LogRecord]:
                     f"streams[{i}].values[{j}]: timestamp {value[0][:30]!r} is not unix nanoseconds",
                     reason="timestamp",
                 )
-            records.append(_log_record(dict(stream), value[1], int(value[0]) / 1e9))
+            ts = int(value[0]) / 1e9
+            if check is not None and not check.admit(ts, {"stream": stream, "line": value[1][:200]}):
+                continue
+            records.append(_log_record(dict(stream), value[1], ts))
     return records
 
 
-def loki_protobuf(body: bytes, *, max_decompressed: int) -> list[LogRecord]:
+def loki_protobuf(body: bytes, *, max_decompressed: int, check: TimeCheck | None = None) -> list[LogRecord]:
     """Decode a Loki protobuf push body (snappy block of a ``logproto.PushRequest``).
+
+    Entries stamped outside ``check``'s window are left out and counted there.
 
     Raises:
         RejectedInput: not snappy, not a PushRequest, or stream labels that do not parse.
@@ -306,6 +327,8 @@ def loki_protobuf(body: bytes, *, max_decompressed: int) -> list[LogRecord]:
         _check_stream(i, labels)
         for entry in stream.entries:
             ts = entry.timestamp.seconds + entry.timestamp.nanos / 1e9
+            if check is not None and not check.admit(ts, {"stream": labels, "line": entry.line[:200]}):
+                continue
             records.append(_log_record(dict(labels), entry.line, ts))
     return records
 
@@ -402,11 +425,16 @@ WEBHOOK_PROVENANCE = Provenance(source="alertmanager_webhook", stream="/api/v1/a
 until telemetry ClusterMedic collected corroborates them (docs/security.md)."""
 
 
-def alertmanager_webhook(raw: bytes) -> list[tuple[str, Anomaly]]:
+def alertmanager_webhook(raw: bytes, check: TimeCheck | None = None) -> list[tuple[str, Anomaly]]:
     """Turn an Alertmanager webhook v4 body into one :class:`Anomaly` per alert.
 
     Each anomaly carries :data:`WEBHOOK_PROVENANCE`: trusted for nothing, so it can open an incident
     but never, alone, support a GPU runbook or name an action's target.
+
+    With ``check``, an alert whose state time is outside the window is left out and counted there:
+    startsAt for a firing alert, endsAt for a resolved one (the time the anomaly carries), and a
+    startsAt in the future for either. A firing alert's endsAt is not checked: Alertmanager sends the
+    zero time (0001-01-01) or a resolve timeout ahead for it.
 
     Returns:
         ``(dedup key, anomaly)`` pairs. The dedup key is group key + fingerprint + status + startsAt:
@@ -437,6 +465,15 @@ def alertmanager_webhook(raw: bytes) -> list[tuple[str, Anomaly]]:
         signal = alert.labels.get("alertname", "")
         if not signal:
             raise RejectedInput(f"alerts[{i}]: no alertname label", reason="labels")
+        resolved = alert.status == "resolved"
+        ts = ends if resolved and ends > 0 else starts
+        if check is not None:
+            shown = {"alert": i, "labels": alert.labels, "startsAt": alert.startsAt, "endsAt": alert.endsAt}
+            if starts > check.latest:  # a resolved alert must not have started in the future either
+                check.refuse("too_new", starts, shown)
+                continue
+            if not check.admit(ts, shown):
+                continue
         kind: EntityKind
         entity, kind = entity_of(alert.labels)
         if alert.labels.get("UUID"):  # a GPU alert (DCGM rules keep the UUID label): the GPU's partition
@@ -444,7 +481,6 @@ def alertmanager_webhook(raw: bytes) -> list[tuple[str, Anomaly]]:
         elif kind == "other":
             entity = signal
         fingerprint = alert.fingerprint or _label_fingerprint(alert.labels)
-        resolved = alert.status == "resolved"
         anomaly = Anomaly(
             entity=entity,
             entity_kind=kind,
@@ -454,7 +490,7 @@ def alertmanager_webhook(raw: bytes) -> list[tuple[str, Anomaly]]:
             threshold=1.0,
             severity=severity_of(alert.labels),
             status=alert.status,
-            ts=ends if resolved and ends > 0 else starts,
+            ts=ts,
             labels=alert.labels,
             evidence={
                 "annotations": alert.annotations,
@@ -482,11 +518,16 @@ def _label_fingerprint(labels: Mapping[str, str]) -> str:
 # ------------------------------------------------------------------------------ Kubernetes
 
 
-def kube_event(obj: Mapping[str, Any]) -> KubeEvent:
+def kube_event(obj: Mapping[str, Any], check: TimeCheck | None = None) -> KubeEvent:
     """Normalise a core/v1 ``Event`` or an events.k8s.io/v1 ``Event`` (camelCase JSON) to a KubeEvent.
 
+    Args:
+        obj: the event object.
+        check: the event-time window; an event stamped outside it is refused.
+
     Raises:
-        RejectedInput: the object has no involved/regarding object or no reason.
+        RejectedInput: the object has no involved/regarding object or no reason, or (reason
+            ``out_of_bounds``) its time is outside ``check``'s window.
     """
     regarding = obj.get("regarding") or obj.get("involvedObject") or {}
     if not isinstance(regarding, Mapping) or not regarding.get("kind") or not regarding.get("name"):
@@ -510,6 +551,8 @@ def kube_event(obj: Mapping[str, Any]) -> KubeEvent:
         ts = parse_rfc3339(stamp) if isinstance(stamp, str) else 0.0
     except ValueError as exc:
         raise RejectedInput(f"event time: {exc}", reason="timestamp") from exc
+    if check is not None and not check.admit(ts, {"reason": reason, "involvedObject": dict(regarding)}):
+        raise RejectedInput(check.message(1, "events"), reason="out_of_bounds")
     source = obj.get("source") or obj.get("deprecatedSource") or {}
     host = source.get("host", "") if isinstance(source, Mapping) else ""
     kind = str(regarding["kind"])

@@ -51,6 +51,7 @@ from services.core.settings import Settings
 from services.ingest import normalise
 from services.ingest.errors import Overloaded, RejectedInput
 from services.ingest.sink import IngestMetrics, Publisher, PublishQueue
+from services.ingest.timebounds import TimeCheck
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,12 @@ class CursorStore:
             self._write_failed = False
         except OSError as exc:
             if not self._write_failed:
-                log.warning("cannot write pull cursors to %s (%s): a restart will start from the lookback",
-                            self.path, exc)
+                log.warning(
+                    "cannot write pull cursors to %s (%s): a restart will start from the lookback", self.path, exc
+                )
             self._write_failed = True
+
+
 Series = tuple[dict[str, str], list[tuple[float, float]]]
 
 
@@ -120,15 +124,37 @@ class Delivery:
         metrics: the ingest metrics the clients count into.
         timeout_s: how long to wait for an acknowledgement (the queue's flush timeout plus a margin).
         deadletter_max_bytes: most bytes of a bad answer kept in its dead letter.
+        time_window: makes the event-time window of an answer fetched at a given wall-clock time
+            (:meth:`TimeCheck.of` with the settings); None: no bound (tests of other behaviour).
     """
 
     def __init__(
-        self, queue: PublishQueue, metrics: IngestMetrics, *, timeout_s: float, deadletter_max_bytes: int
+        self,
+        queue: PublishQueue,
+        metrics: IngestMetrics,
+        *,
+        timeout_s: float,
+        deadletter_max_bytes: int,
+        time_window: Callable[[float], TimeCheck] | None = None,
     ) -> None:
         self.queue = queue
         self.metrics = metrics
         self._timeout_s = timeout_s
         self._keep = deadletter_max_bytes
+        self._time_window = time_window
+
+    def time_check(self, now: float) -> TimeCheck | None:
+        """The event-time window of an answer fetched at ``now`` (None when unbounded)."""
+        return self._time_window(now) if self._time_window is not None else None
+
+    def refused(self, check: TimeCheck | None, *, receiver: str, source: str, key: str, total: int, what: str) -> None:
+        """Count and dead-letter the entries ``check`` refused (after their neighbours were published)."""
+        if check is None or not check.refused:
+            return
+        self.metrics.out_of_bounds.labels(receiver, "too_new").inc(check.too_new)
+        self.metrics.out_of_bounds.labels(receiver, "too_old").inc(check.too_old)
+        error = RejectedInput(f"{source}: {check.message(total, what)}", reason="out_of_bounds")
+        self.deadletter(receiver=receiver, source=source, key=key, raw=check.deadletter_raw(self._keep), error=error)
 
     def publish(self, events: Sequence[Event]) -> None:
         """Publish events and block until Kafka acknowledged every one.
@@ -188,6 +214,7 @@ def delivery_for(settings: Settings, publisher: Publisher) -> Delivery:
         metrics,
         timeout_s=settings.ingest_flush_timeout_s + 5.0,
         deadletter_max_bytes=settings.ingest_deadletter_max_bytes,
+        time_window=lambda now: TimeCheck.of(settings, now),
     )
 
 
@@ -381,7 +408,8 @@ class Scraper:
                 receiver=self.receiver, source=f"scrape:{url}", key=url, raw=answer.body, error=exc
             )
             return 0
-        batches, dropped = normalise.metric_batches(series, source="scrape", max_samples=self._max_samples)
+        check = self._delivery.time_check(started)
+        batches, dropped = normalise.metric_batches(series, source="scrape", max_samples=self._max_samples, check=check)
         try:
             self._delivery.publish(batches)
         except Overloaded as exc:
@@ -389,6 +417,9 @@ class Scraper:
             metrics.throttled.labels(self.receiver).inc()
             return 0
         accepted = sum(len(b.samples) for b in batches)
+        self._delivery.refused(
+            check, receiver=self.receiver, source=f"scrape:{url}", key=url, total=len(series), what="samples"
+        )
         metrics.received.labels(self.receiver).inc(accepted)
         if dropped:
             metrics.dropped.labels(self.receiver).inc(dropped)
@@ -531,8 +562,12 @@ class PrometheusPuller:
         if isinstance(stored, int):
             if stored >= oldest:
                 return stored
-            log.warning("query_range %s: stored cursor %s is older than the catch-up limit; skipping to %s",
-                        name, _ms_text(stored), _ms_text(oldest))
+            log.warning(
+                "query_range %s: stored cursor %s is older than the catch-up limit; skipping to %s",
+                name,
+                _ms_text(stored),
+                _ms_text(oldest),
+            )
             return oldest
         return end - self._lookback_ms // self.step_ms * self.step_ms - self.step_ms
 
@@ -562,7 +597,11 @@ class PrometheusPuller:
                 receiver=self.receiver, source=f"pull:{self.url}", key=name, raw=answer.body, error=exc
             )
             return None
-        batches, dropped = normalise.metric_batches(series, source="query_range", max_samples=self._max_samples)
+        check = self._delivery.time_check(self._clock())
+        total = sum(len(samples) for _labels, samples in series)
+        batches, dropped = normalise.metric_batches(
+            series, source="query_range", max_samples=self._max_samples, check=check
+        )
         try:
             self._delivery.publish(batches)
         except Overloaded as exc:
@@ -570,6 +609,10 @@ class PrometheusPuller:
             metrics.throttled.labels(self.receiver).inc()
             return None
         accepted = sum(len(b.samples) for b in batches)
+        # refused points are not asked for again: the cursor moves past them like past the others
+        self._delivery.refused(
+            check, receiver=self.receiver, source=f"pull:{self.url}", key=name, total=total, what="samples"
+        )
         metrics.received.labels(self.receiver).inc(accepted)
         if dropped:
             metrics.dropped.labels(self.receiver).inc(dropped)
@@ -632,8 +675,10 @@ def loki_entries(data: Mapping[str, Any], *, what: str) -> list[LokiEntry]:
     return entries
 
 
-def log_records(entries: Iterable[LokiEntry]) -> list[LogRecord]:
+def log_records(entries: Iterable[LokiEntry], check: TimeCheck | None = None) -> list[LogRecord]:
     """Normalise entries exactly as the Loki push receiver does (through :func:`normalise.loki_json`).
+
+    Entries stamped outside ``check``'s window are left out and counted there.
 
     Raises:
         RejectedInput: an entry the push receiver would refuse too (a stream without labels).
@@ -646,7 +691,7 @@ def log_records(entries: Iterable[LokiEntry]) -> list[LogRecord]:
         if entry.metadata is not None:
             value.append(entry.metadata)
         stream["values"].append(value)
-    records = normalise.loki_json(json.dumps({"streams": list(streams.values())}).encode())
+    records = normalise.loki_json(json.dumps({"streams": list(streams.values())}).encode(), check)
     return sorted(records, key=lambda r: r.ts)  # stable: each stream's own order is kept
 
 
@@ -720,8 +765,9 @@ class LokiPuller:
             if page is None:
                 break
             fresh = [e for e in page if not (e.ns == self.cursor_ns and e.identity in self.seen_at_cursor)]
+            check = self._delivery.time_check(end_ns / 1e9)
             try:
-                self._delivery.publish(log_records(fresh))
+                self._delivery.publish(log_records(fresh, check))
             except RejectedInput as exc:
                 raw = json.dumps([[str(e.ns), e.stream, e.line] for e in fresh]).encode()
                 self._delivery.deadletter(
@@ -732,9 +778,18 @@ class LokiPuller:
                 log.warning("Loki query_range: not published, retried next poll: %s", exc)
                 self._delivery.metrics.throttled.labels(self.receiver).inc()
                 break
-            total += len(fresh)
-            self._delivery.metrics.received.labels(self.receiver).inc(len(fresh))
-            self._advance(fresh)
+            refused = check.refused if check is not None else 0
+            total += len(fresh) - refused
+            self._delivery.metrics.received.labels(self.receiver).inc(len(fresh) - refused)
+            self._delivery.refused(
+                check,
+                receiver=self.receiver,
+                source=f"pull:{self.url}",
+                key=self.query,
+                total=len(fresh),
+                what="entries",
+            )
+            self._advance(fresh)  # past the refused entries too: asked for again, they would be refused again
             if len(page) < self.limit:
                 break  # the window is drained
             if not fresh:
@@ -759,8 +814,10 @@ class LokiPuller:
             if stored["ns"] >= oldest:
                 self.cursor_ns, self.seen_at_cursor = stored["ns"], set(stored.get("seen") or ())
                 return
-            log.warning("Loki query_range: stored cursor is older than the catch-up limit; entries before %d ns "
-                        "are skipped", oldest)
+            log.warning(
+                "Loki query_range: stored cursor is older than the catch-up limit; entries before %d ns are skipped",
+                oldest,
+            )
             self.cursor_ns, self.seen_at_cursor = oldest, set()
             return
         self.cursor_ns, self.seen_at_cursor = end_ns - self._lookback_ns, set()

@@ -86,6 +86,12 @@ class IngestMetrics:
             ["receiver"],
             registry=r,
         )
+        self.out_of_bounds = Counter(
+            "clustermedic_ingest_out_of_bounds",
+            "Entries refused because their timestamp is outside the event-time window (too_new, too_old)",
+            ["receiver", "bound"],
+            registry=r,
+        )
         self.duplicates = Counter(
             "clustermedic_ingest_duplicates",
             "Redelivered items skipped (Alertmanager, watch relists)",

@@ -36,7 +36,10 @@ def _check(ingest: tuple[TestClient, MemoryPublisher], path: str, body: bytes, h
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
         assert len(letters) == 1, f"{response.status_code} {response.text} left {len(letters)} dead letters"
-        assert letters[0].raw == body[: len(letters[0].raw)] and letters[0].raw
+        if "refused as out of bounds" in response.text:  # the letter holds the refused entries, not the body
+            assert letters[0].raw.startswith(b'{"refused": '), letters[0].raw[:80]
+        else:
+            assert letters[0].raw == body[: len(letters[0].raw)] and letters[0].raw
         assert letters[0].error_type == "RejectedInput", letters[0].error  # never an unexpected exception
         assert response.text  # a reason for the sender
     else:

@@ -28,9 +28,14 @@ RW_HEADERS = {
 }
 
 
+# These tests are about shapes, limits and answers; their payloads are stamped at fixed times (2019,
+# 2023, 2026). The event-time bounds have their own tests (test_ingest_time_bounds.py).
+UNBOUNDED = {"ingest_max_age_s": 1e11, "ingest_max_future_s": 1e11}
+
+
 def _client(**overrides: object) -> tuple[TestClient, MemoryPublisher]:
     publisher = MemoryPublisher()
-    app = create_app(Settings(**overrides), publisher)  # type: ignore[arg-type]
+    app = create_app(Settings(**{**UNBOUNDED, **overrides}), publisher)  # type: ignore[arg-type]
     return TestClient(app), publisher
 
 
@@ -324,7 +329,7 @@ def test_full_queue_answers_503_with_retry_after_and_recovers() -> None:
 async def _full_queue_scenario() -> None:
     publisher = MemoryPublisher()
     publisher.gate.clear()  # Kafka is slow: nothing is acknowledged until the gate opens
-    app = create_app(Settings(ingest_queue_capacity=10, ingest_retry_after_s=7), publisher)
+    app = create_app(Settings(ingest_queue_capacity=10, ingest_retry_after_s=7, **UNBOUNDED), publisher)  # type: ignore[arg-type]
     transport = httpx.ASGITransport(app=app)
     body = encode_remote_write([({"__name__": "m", "pod": "p"}, [(float(i), 1000 + i) for i in range(8)])])
     async with httpx.AsyncClient(transport=transport, base_url="http://ingest") as client:
