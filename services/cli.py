@@ -583,7 +583,42 @@ def notifier_service(
 
 
 @app.command()
-def demo() -> None:
+def demo(
+    smoke: Annotated[bool, typer.Option("--smoke", help="Only send one event of each type through Kafka.")] = False,
+    scenario: Annotated[str, typer.Option(help="Simulator scenario of the closed loop.")] = "demo",
+    seed: Annotated[int, typer.Option(help="Its seed.")] = 1,
+    speed: Annotated[float, typer.Option(help="Simulated seconds per wall second.")] = 30.0,
+    approve: Annotated[bool, typer.Option(help="Approve level-2 runs through the API, as on-call would.")] = True,
+) -> None:
+    """ClusterMedic heals a simulated cluster: every role, a real Prometheus, the live view, a summary."""
+    if smoke:
+        _smoke()
+        return
+    from services.demo.loop import DemoConfig, run_demo
+
+    out = Console(width=max(Console().width, 140))
+    try:
+        rows = run_demo(_settings(), DemoConfig(scenario=scenario, seed=seed, speed=speed, approve=approve), out)
+    except ClusterMedicError as exc:
+        console.print(f"[red]demo failed: {exc}")
+        raise typer.Exit(1) from exc
+    table = Table(title=f"{scenario} (seed {seed}, {speed:g}x): what ClusterMedic did")
+    for column in ("fault", "entity", "detected after", "root cause found", "action", "recovered after", "SLO impact"):
+        table.add_column(column)
+    for r in rows:
+        recovered = f"{r.recovered_after_s:.0f} s" if r.mitigated else "NO"
+        recovered = "paged" if r.recovered_after_s == -1.0 else recovered
+        detected = f"{r.detected_after_s:.0f} s" if r.detected_after_s is not None else "not detected"
+        table.add_row(r.fault, r.entity[:30], detected, r.root_cause, r.action, recovered, r.slo_impact)
+    out.print(table)
+    out.print("summary: .run/demo/summary.json; logs: .run/demo/logs/ and .run/demo/stack/logs/")
+    if not all(r.mitigated for r in rows):
+        console.print("[red]not every fault was mitigated")
+        raise typer.Exit(1)
+    out.print("[green]every fault was mitigated (or handed to a human at level 3)")
+
+
+def _smoke() -> None:
     """Send one event of each type through Kafka and the smoke agent; print what arrived."""
     from services.demo import describe, run_smoke
 

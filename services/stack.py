@@ -94,6 +94,7 @@ ROLES: tuple[Role, ...] = (
         what="diagnoses -> policy, approvals, playbooks",
         ready_log="ready: remediator consumes",
     ),
+    Role("notifier", ("notifier",), what="diagnoses, runs -> Slack, PagerDuty", ready_log="ready: notifier consumes"),
     Role(
         "worker",
         ("worker",),

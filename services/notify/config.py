@@ -32,6 +32,11 @@ class NotifySettings(BaseSettings):
     thread_ttl_s: int = Field(
         default=14 * 86400, ge=60, description="How long the Slack thread of an incident is remembered."
     )
+    incident_ttl_s: int = Field(
+        default=14 * 86400,
+        ge=60,
+        description="How long the notifier remembers an incident (its labels, diagnosis, remediation).",
+    )
     external_url: str = Field(
         default="", description="ClusterMedic's URL, sent as externalURL and as links back to the incident."
     )

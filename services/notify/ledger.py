@@ -44,15 +44,18 @@ return 0
 """
 
 
-def idempotency_key(notification: Notification, integration: str) -> str:
+def idempotency_key(notification: Notification, integration: str, event: str = "") -> str:
     """The key of one notification to one integration of its receiver.
 
     Made of the receiver, the integration (``<notifier>#<index in the receiver>``), the incident, the
     group, the reason and the decision's timestamp: the engine emits each decision once, so equal keys
-    mean a copy of the same decision.
+    mean a copy of the same decision. ``event`` names the message that caused a notifier decision (a
+    digest of the diagnosis or remediation event): several can share an incident and a timestamp.
     """
     n = notification
     parts = (n.receiver, integration, n.incident_id, n.group_key, n.reason, repr(float(n.ts)))
+    if event:
+        parts += (event,)
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 

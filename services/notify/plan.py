@@ -39,8 +39,13 @@ class Delivery(BaseModel):
     key: str
 
 
-def plan(notification: Notification, routing: RoutingConfig) -> list[Delivery]:
+def plan(notification: Notification, routing: RoutingConfig, *, event: str = "") -> list[Delivery]:
     """The deliveries a notification makes, in routing.yaml order.
+
+    Args:
+        notification: the decision.
+        routing: the loaded routing.yaml.
+        event: what caused a notifier decision (see :func:`~services.notify.ledger.idempotency_key`).
 
     Raises:
         KeyError: the notification names a receiver routing.yaml does not define.
@@ -64,7 +69,7 @@ def plan(notification: Notification, routing: RoutingConfig) -> list[Delivery]:
                     config=dict(config),
                     global_config=glob,
                     notification=sent,
-                    key=idempotency_key(notification, integration),
+                    key=idempotency_key(notification, integration, event),
                 )
             )
     return out

@@ -10,7 +10,10 @@ clustermedic.notify.deliver   notify  late        autoretry on RetryableDelivery
 
 ``acks_late`` is safe because the task is idempotent: each delivery claims its idempotency key in
 Redis (:mod:`services.notify.ledger`) before posting, so a redelivered message, or the same decision
-enqueued twice, posts once. :func:`enqueue` is what the correlation agent calls.
+enqueued twice, posts once. :func:`enqueue` is what the correlation agent and the notifier
+(:mod:`services.notify.service`) call. A notification enqueued without context (the correlation
+agent's) is rendered with the incident's latest diagnosis and remediation as the notifier recorded
+them (:mod:`services.notify.state`), so every incident update carries its root cause and action.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from services.notify.errors import PermanentDelivery, RetryableDelivery
 from services.notify.ledger import DeliveryLedger
 from services.notify.plan import Delivery, plan
 from services.notify.registry import NOTIFIERS
+from services.notify.state import RedisIncidentStore
 from services.notify.threads import RedisThreadStore
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,7 @@ class _Runtime:
     redis: redis.Redis
     ledger: DeliveryLedger
     context: NotifyContext
+    incidents: RedisIncidentStore
 
 
 _runtime: _Runtime | None = None
@@ -78,6 +83,7 @@ def runtime() -> _Runtime:
                 http=httpx.Client(follow_redirects=False),
                 threads=RedisThreadStore(client, settings.thread_ttl_s, settings.key_prefix),
             ),
+            incidents=RedisIncidentStore(client, settings.incident_ttl_s, settings.key_prefix),
         )
     return _runtime
 
@@ -98,7 +104,8 @@ def deliver(self: Task, delivery: dict[str, Any], context: dict[str, Any] | None
 
     Args:
         delivery: a :class:`~services.notify.plan.Delivery` as JSON.
-        context: optional ``diagnosis`` / ``remediation`` events (as JSON) to render along.
+        context: ``diagnosis`` / ``remediation`` events (as JSON) to render along; None (a correlate
+            notification): the incident's latest ones, as the notifier recorded them.
 
     Returns:
         The :class:`~services.notify.base.DeliveryResult` as JSON (``skipped`` says why when a copy
@@ -110,12 +117,16 @@ def deliver(self: Task, delivery: dict[str, Any], context: dict[str, Any] | None
     """
     rt = runtime()
     job = Delivery.model_validate(delivery)
-    ctx = context or {}
-    message = Message(
-        notification=job.notification,
-        diagnosis=Diagnosis.model_validate(ctx["diagnosis"]) if ctx.get("diagnosis") else None,
-        remediation=RemediationEvent.model_validate(ctx["remediation"]) if ctx.get("remediation") else None,
-    )
+    if context is None:
+        message = _with_recorded_context(job, rt.incidents)
+    else:
+        message = Message(
+            notification=job.notification,
+            diagnosis=Diagnosis.model_validate(context["diagnosis"]) if context.get("diagnosis") else None,
+            remediation=(
+                RemediationEvent.model_validate(context["remediation"]) if context.get("remediation") else None
+            ),
+        )
     retries = int(self.request.retries or 0)
     owner = f"{self.request.id}:{retries}"
     claim = rt.ledger.claim(job.key, owner)
@@ -161,31 +172,51 @@ def deliver(self: Task, delivery: dict[str, Any], context: dict[str, Any] | None
     return result.model_dump()
 
 
+def _with_recorded_context(job: Delivery, incidents: RedisIncidentStore) -> Message:
+    """The message of a notification enqueued without context, with its incident's recorded context."""
+    n = job.notification
+    try:
+        state = incidents.get(n.incident_id) if n.incident_id else None
+    except (redis.RedisError, ValueError) as exc:
+        # the context is an addition: a notification goes out without it rather than not at all
+        log.warning("notify %s: no recorded context for incident %s: %s", job.integration, n.incident_id, exc)
+        state = None
+    if state is None:
+        return Message(notification=n)
+    return Message(notification=n, diagnosis=state.diagnosis, remediation=state.remediation)
+
+
 def enqueue(
     notification: Notification,
     routing_config: RoutingConfig,
     *,
     diagnosis: Diagnosis | None = None,
     remediation: RemediationEvent | None = None,
+    event: str = "",
 ) -> list[str]:
     """Send one ``deliver`` task per notifier config of the notification's receiver.
 
     Args:
-        notification: the correlation engine's decision.
+        notification: the correlation engine's (or the notifier's) decision.
         routing_config: the loaded routing.yaml (receivers and globals).
-        diagnosis: optional diagnosis to render along.
-        remediation: optional remediation event to render along.
+        diagnosis: diagnosis to render along.
+        remediation: remediation event to render along. With neither, the worker renders the
+            incident's latest diagnosis and remediation as the notifier recorded them.
+        event: what caused a notifier decision, part of the idempotency key
+            (:func:`~services.notify.ledger.idempotency_key`).
 
     Returns:
         The task ids, in routing.yaml order (empty for a receiver without notifiers).
     """
-    context: dict[str, Any] = {}
-    if diagnosis is not None:
-        context["diagnosis"] = diagnosis.model_dump(mode="json")
-    if remediation is not None:
-        context["remediation"] = remediation.model_dump(mode="json")
+    context: dict[str, Any] | None = None
+    if diagnosis is not None or remediation is not None:
+        context = {}
+        if diagnosis is not None:
+            context["diagnosis"] = diagnosis.model_dump(mode="json")
+        if remediation is not None:
+            context["remediation"] = remediation.model_dump(mode="json")
     ids = []
-    for job in plan(notification, routing_config):
-        result = deliver.apply_async(args=[job.model_dump(mode="json"), context or None], queue="notify")
+    for job in plan(notification, routing_config, event=event):
+        result = deliver.apply_async(args=[job.model_dump(mode="json"), context], queue="notify")
         ids.append(str(result.id))
     return ids
