@@ -111,18 +111,28 @@ def bounded_evidence(evidence: Mapping[str, Any], max_bytes: int = DEFAULT_EVIDE
     clean: dict[str, Any] = _clean(dict(evidence))
     if len(_dumps(clean).encode()) <= max_bytes:
         return clean
-    sized = sorted((len(_dumps({k: v}).encode()), k) for k, v in clean.items())
-    budget = max_bytes - 2 - (_DROPPED_NAMES_MAX * 70 + 16)  # room for the braces and the _dropped list
+    sized = sorted((len(_dumps({k: v}).encode()) - 1, k) for k, v in clean.items())  # "k":v plus a comma
     kept: dict[str, Any] = {}
     dropped: list[str] = []
+    budget = max_bytes - 2
     for size, key in sized:
         if size <= budget:
             kept[key] = clean[key]
             budget -= size
         else:
             dropped.append(key)
-    kept[DROPPED_KEY] = [name[:64] for name in sorted(dropped)[:_DROPPED_NAMES_MAX]]
-    return kept
+    out = {**kept, DROPPED_KEY: _names(dropped)}
+    # the list of dropped names takes room too: give up the largest kept fields until it fits
+    while len(_dumps(out).encode()) > max_bytes and kept:
+        largest = max(kept, key=lambda k: len(_dumps({k: kept[k]})))
+        del kept[largest]
+        dropped.append(largest)
+        out = {**kept, DROPPED_KEY: _names(dropped)}
+    return out
+
+
+def _names(keys: list[str]) -> list[str]:
+    return [name[:64] for name in sorted(keys)[:_DROPPED_NAMES_MAX]]
 
 
 def anomaly_row(anomaly: Anomaly, max_evidence_bytes: int = DEFAULT_EVIDENCE_MAX_BYTES) -> Row:
