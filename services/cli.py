@@ -657,6 +657,8 @@ def eval_loop(
     from evals.loop import evaluate, render_table, scorecard
 
     settings = _settings()
+    for chatty in ("httpx", "drain3"):  # one line per in-process call would bury the progress lines
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         episodes = evaluate(settings, parse_seeds(seeds), scenario=scenario)
     except ClusterMedicError as exc:
