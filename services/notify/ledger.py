@@ -53,7 +53,7 @@ def idempotency_key(notification: Notification, integration: str, event: str = "
     digest of the diagnosis or remediation event): several can share an incident and a timestamp.
     """
     n = notification
-    parts = (n.receiver, integration, n.incident_id, n.group_key, n.reason, repr(float(n.ts)))
+    parts: tuple[str, ...] = (n.receiver, integration, n.incident_id, n.group_key, n.reason, repr(float(n.ts)))
     if event:
         parts += (event,)
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]

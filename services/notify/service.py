@@ -13,13 +13,15 @@ incident's alerts select the routes, as they do in correlate.
   the Approve/Reject buttons (their values carry the run id only) in the incident's Slack thread.
 * A ``paged`` run **pages**: it is routed as if every alert of the incident were critical, so the
   tree's critical route (PagerDuty, ``dedup_key`` = incident id) takes it whatever the alerts'
-  severity; the notification says ``firing`` even when the alerts have resolved.
+  severity; the notification says ``firing`` even when the alerts have resolved. A diagnosis that
+  arrives while the page is open is routed the same way, so the page gets its root cause.
 * The incident's **resolved** event sends a resolved notification to every receiver the notifier
   notified about it (PagerDuty ``resolve`` for what it paged), mute intervals or not: what the
   notifier opened, it closes. Correlate's own notifications resolve what correlate triggered.
 
-Nothing orders one topic against another, so an event that arrives before its incident is kept
-(:mod:`services.notify.state`) and notified when the incident arrives. Every notification is stamped
+Nothing orders one topic against another: the records of one poll are handled in the order they
+were produced, and an event that arrives before its incident is kept (:mod:`services.notify.state`)
+and notified when the incident arrives. Every notification is stamped
 with its event's time (telemetry time), and its idempotency key names the event
 (:func:`~services.notify.ledger.idempotency_key`): a redelivered message notifies once.
 
@@ -31,6 +33,7 @@ goes on; while Redis or the Celery broker is unreachable the same message is ret
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import threading
 import time
@@ -165,7 +168,12 @@ class IncidentFollower:
         digest = diagnosis_digest(diagnosis)
         if digest == state.diagnosis_digest:
             return state.model_copy(update={"diagnosis": diagnosis})
-        sent = self._update(state.incident, diagnosis, state.remediation, event_digest(diagnosis), diagnosis.ts)
+        # while a page is open, the page's receivers (PagerDuty) hear the diagnosis too
+        page = state.remediation is not None and state.remediation.status == PAGED
+        page = page and state.incident.kind != "resolved"
+        sent = self._update(
+            state.incident, diagnosis, state.remediation, event_digest(diagnosis), diagnosis.ts, page=page
+        )
         return state.model_copy(
             update={"diagnosis": diagnosis, "diagnosis_digest": digest, "receivers": _union(state.receivers, sent)}
         )
@@ -374,10 +382,11 @@ def run(
             while not stop.is_set() and (max_messages is None or handled < max_messages):
                 batches = kafka.poll(timeout_ms=poll_timeout_ms, max_records=50)
                 try:
-                    for records in batches.values():
-                        for record in records:
-                            _handle_until_done(follower, names[record.topic], record.value, record.key, publisher, stop)
-                            handled += 1
+                    # In the order they were produced, across topics (each partition keeps its own order):
+                    # a run's event then follows the diagnosis that caused it when one poll holds both.
+                    for record in heapq.merge(*batches.values(), key=lambda r: r.timestamp):
+                        _handle_until_done(follower, names[record.topic], record.value, record.key, publisher, stop)
+                        handled += 1
                 except _Stopped:
                     break  # this poll is not committed: its messages are handled again after a restart
                 if batches:

@@ -81,7 +81,7 @@ class RedisIncidentStore:
     def get(self, incident_id: str) -> IncidentState | None:
         """The incident's record, if any."""
         raw = self._redis.get(self._key(incident_id))
-        return IncidentState.model_validate_json(raw) if raw else None  # type: ignore[arg-type]
+        return IncidentState.model_validate_json(raw) if raw else None
 
     def put(self, state: IncidentState) -> None:
         """Store the record and refresh its expiry."""
