@@ -278,7 +278,8 @@ def merge_learned(
                 )
                 continue
         if key not in first:
-            if recent is not None:
+            if recent is not None and (before is None or anomaly.ts >= before[0]):
+                # the merge clock only moves forward: a late anomaly must not reopen a window passed
                 recent[anomaly.entity] = (anomaly.ts, anomaly.detector)
             first[key] = len(out)
             out.append(anomaly)

@@ -167,6 +167,10 @@ class Topology:
         """Write one fact (replacing an older one under the same key) and keep the indexes in step."""
         facts = self._table(table)
         if key in facts:
+            if self._seen(table, key) > now:
+                # a late observation (an old sample, a redelivery) must neither replace a newer fact
+                # (the pod has moved since) nor move its clock back (it would expire too early)
+                return
             self._index(table, key, add=False)
         facts[key] = value
         self._index(table, key, add=True)
