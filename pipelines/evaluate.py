@@ -25,6 +25,8 @@ from typing import Any
 
 from pipelines.detect import KUBE_PROVENANCE, DetectorSet, EntityDetection, FeatureScorer, stamped
 from services.core.events import Anomaly, Event, KubeEvent, LogRecord, MetricBatch
+from services.simulator.faults import points_at
+from services.simulator.faults import symptom_onset as faults_symptom_onset
 
 FAULT_FREE_SCENARIO = "baseline"
 """The shipped scenario whose runs measure false positives."""
@@ -86,37 +88,22 @@ class OfflineDetect:
 
 
 def symptom_onset(fault: Any) -> float:
-    """When the fault's effect can first reach telemetry: its onset, except for a bad rollout.
-
-    A bad rollout starts with a change, not a symptom: the slow revision's first pod serves only after
-    its model has loaded (about 105 s for the 70B replicas). Its clock starts at that pod's first Ready
-    second, which the simulator records.
-    """
-    serving_at = fault.state.get("serving_at") if fault.type == "bad_rollout" else None
-    return float(serving_at) if serving_at is not None else float(fault.started_at)
+    """When the fault's effect can first reach telemetry (:meth:`Fault.symptom_onset`: a bad rollout
+    counts from its new revision's first Ready pod)."""
+    record = {"type": fault.type, "started_at": fault.started_at, "serving_at": fault.state.get("serving_at")}
+    onset = faults_symptom_onset(record)
+    return float(fault.started_at) if onset is None else onset
 
 
 def matches(fault: Any, anomaly: Anomaly) -> bool:
-    """Whether an anomaly points at the fault's entity, directly or through topology labels.
-
-    A bad rollout's entity is the new revision: a pod of its ReplicaSet, not the Deployment's old pods
-    (whose GPUs go idle as they are replaced).
-    """
-    target, kind = fault.entity, fault.entity_kind
-    if not target:
-        return False
-    labels = anomaly.labels
-    rollout = getattr(fault, "type", "") == "bad_rollout"
-    replica_set = getattr(fault, "state", {}).get("replica_set") if rollout else None
-    if replica_set:
-        prefix = replica_set + "-"
-        return anomaly.entity.startswith(prefix) or labels.get("pod", "").startswith(prefix)
-    if anomaly.entity == target or target in labels.values():
-        return True
-    if kind == "deployment":
-        prefix = target + "-"
-        return anomaly.entity.startswith(prefix) or labels.get("pod", "").startswith(prefix)
-    return False
+    """Whether an anomaly points at the fault's entity (:func:`services.simulator.faults.points_at`)."""
+    record = {
+        "entity": fault.entity,
+        "entity_kind": fault.entity_kind,
+        "type": getattr(fault, "type", ""),
+        "replica_set": getattr(fault, "state", {}).get("replica_set"),
+    }
+    return points_at(record, anomaly.entity, anomaly.labels)
 
 
 @dataclass

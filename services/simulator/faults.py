@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -187,7 +188,54 @@ class Fault:
             "resolved_by": self.resolved_by,
             "mttd_s": mttd,
             "mttr_s": mttr,
+            # a bad rollout's new revision and its first Ready pod (symptom_onset, points_at)
+            "replica_set": self.state.get("replica_set"),
+            "serving_at": self.state.get("serving_at"),
         }
+
+    def points_at(self, entity: str, labels: Mapping[str, str]) -> bool:
+        """Whether a signal about ``entity`` (with its topology ``labels``) is about this fault."""
+        return points_at(self.summary(), entity, labels)
+
+    def symptom_onset(self) -> float | None:
+        """When the fault's effect can first reach telemetry (see :func:`symptom_onset`); None before it starts."""
+        return symptom_onset(self.summary())
+
+
+def points_at(fault: Mapping[str, Any], entity: str, labels: Mapping[str, str]) -> bool:
+    """Whether a signal about ``entity`` points at a fault (its :meth:`Fault.summary`), directly or
+    through topology labels: the one rule every evaluation and the demo use.
+
+    A bad rollout's entity is the new revision: a pod of its ReplicaSet, not the Deployment's old pods
+    (whose GPUs go idle as they are replaced). A Deployment's fault is any of its pods.
+    """
+    target = str(fault.get("entity") or "")
+    if not target:
+        return False
+    replica_set = fault.get("replica_set") if fault.get("type") == "bad_rollout" else None
+    if replica_set:
+        prefix = f"{replica_set}-"
+        return entity.startswith(prefix) or labels.get("pod", "").startswith(prefix)
+    if entity == target or target in labels.values():
+        return True
+    if fault.get("entity_kind") == "deployment":
+        prefix = f"{target}-"
+        return entity.startswith(prefix) or labels.get("pod", "").startswith(prefix)
+    return False
+
+
+def symptom_onset(fault: Mapping[str, Any]) -> float | None:
+    """When a fault's effect can first reach telemetry: its start, except for a bad rollout.
+
+    A bad rollout starts with a change, not a symptom: the slow revision's first pod serves only after
+    its model has loaded (about 105 s for the 70B replicas). Its clock starts at that pod's first Ready
+    second, which the simulator records.
+    """
+    serving_at = fault.get("serving_at") if fault.get("type") == "bad_rollout" else None
+    started = fault.get("started_at")
+    if serving_at is not None:
+        return float(serving_at)
+    return None if started is None else float(started)
 
 
 def random_faults(
