@@ -110,12 +110,20 @@ class Executor:
     def submit(self, diagnosis: Diagnosis) -> tuple[str, Decision]:
         """Decide on a diagnosis, record the run, and start it when the decision is ``execute``.
 
-        Idempotent: the run id is derived from the diagnosis, so submitting it again does nothing new.
+        Idempotent: the run id is derived from the diagnosis, so submitting it again does nothing new;
+        and while a run of the same playbook on the same target for the same incident is waiting,
+        running, succeeded or paged, a new diagnosis of that incident returns that run instead.
         """
         now = float(self.clock())
         decision = plan_from_diagnosis(
             diagnosis, self.config.policy, self.playbooks, state=self.store.guardrail_state(now), now=now
         )
+        if decision.outcome in ("execute", "await_approval", "page") and decision.playbook:
+            # an incident is re-diagnosed on every update: the same remedy for the same incident and
+            # target is one run, not one per update (and one approval request, one page)
+            earlier = self.store.handling_run(decision.incident_id, decision.playbook, decision.params)
+            if earlier is not None:
+                return earlier, decision
         run_id = run_id_for(diagnosis, decision)
         status: RemediationStatus = {
             "execute": "proposed",

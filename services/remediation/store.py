@@ -143,6 +143,10 @@ class ActionStart(BaseModel):
     stale: bool = False
 
 
+# Statuses of a run that still answers its incident (see RunStore.handling_run).
+HANDLING = ("proposed", "awaiting_approval", "approved", "running", "succeeded", "dry_run", "paged")
+
+
 def step_id(run_id: str, kind: str, position: int) -> str:
     """The deterministic id of a step: the same step of the same run always has the same id."""
     return f"{run_id}:{kind}:{position}"
@@ -231,6 +235,21 @@ class RunStore:
             ),
         )
         return bool(rows)
+
+    def handling_run(self, incident_id: str, playbook: str, params: dict[str, Any]) -> str | None:
+        """The run of this playbook with these params for this incident that is still in hand.
+
+        In hand: proposed, awaiting approval, approved, running, succeeded (or its dry run), or paged.
+        A run that failed, was rolled back, rejected, expired or blocked does not count: a later
+        diagnosis may try again.
+        """
+        rows = self._q(
+            """SELECT run_id FROM remediation_runs
+               WHERE incident_id = %s AND playbook = %s AND params = %s
+                 AND status = ANY(%s) ORDER BY created_at DESC LIMIT 1""",
+            (incident_id, playbook, Jsonb(params), list(HANDLING)),
+        )
+        return str(rows[0]["run_id"]) if rows else None
 
     def get_run(self, run_id: str) -> RunRow | None:
         """The run, or None."""

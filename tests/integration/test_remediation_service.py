@@ -91,3 +91,21 @@ def test_the_api_serves_remediation_runs_and_approvals(fresh_database):
     assert approved.status_code == 200, approved.text
     assert dispatcher.started == [run_id], "an approved run starts"
     assert api.post(f"/api/v1/remediation/runs/{run_id}/approve", json={"approver": "bo"}).status_code == 409
+
+
+def test_a_re_diagnosed_incident_is_one_run_per_remedy_until_that_run_is_over(fresh_database):
+    # correlate re-publishes an incident on every update and the diagnostician diagnoses each one:
+    # the same remedy for the same target must not become an approval request (or a page) per update
+    migrate(fresh_database)
+    dispatcher = RecordingDispatcher()
+    executor = build_executor(fresh_database, RemediationSettings(), dispatcher)
+    first, decision = executor.submit(_diagnosis("inc-dup-1", "reboot_node"))
+    assert decision.outcome == "await_approval"
+    again, _ = executor.submit(_diagnosis("inc-dup-1", "reboot_node"))  # a later diagnosis: new ts
+    assert again == first and len(executor.store.list_runs()) == 1
+    other, _ = executor.submit(_diagnosis("inc-dup-2", "reboot_node"))  # another incident is its own run
+    assert other != first
+    executor.reject(first, approver="ana", channel="test")  # over: a later diagnosis may try again
+    retry, decision = executor.submit(_diagnosis("inc-dup-1", "reboot_node"))
+    assert retry not in (first, other) and decision.outcome == "await_approval"
+    assert len(executor.store.list_runs()) == 3
