@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -106,13 +107,14 @@ def _ingest(settings: Settings) -> Iterator[str]:
 def test_remote_write_is_answered_after_kafka_acknowledged_every_batch(kafka_ready: None, settings: Settings) -> None:
     ensure_topics(settings)
     gpus = [f"GPU-{i}" for i in range(6)]
+    stamp_ms = int(time.time()) * 1000  # recent: ingest refuses samples older than ingest_max_age_s
     body = encode_remote_write(
         [
-            ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "UUID": gpu, "Hostname": "node-1"}, [(60.0 + i, 1_780_000_000_000)])
+            ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "UUID": gpu, "Hostname": "node-1"}, [(60.0 + i, stamp_ms)])
             for i, gpu in enumerate(gpus)
         ]
         + [
-            ({"__name__": "DCGM_FI_DEV_XID_ERRORS", "UUID": gpu, "Hostname": "node-1"}, [(0.0, 1_780_000_000_000)])
+            ({"__name__": "DCGM_FI_DEV_XID_ERRORS", "UUID": gpu, "Hostname": "node-1"}, [(0.0, stamp_ms)])
             for gpu in gpus
         ]
     )
@@ -128,7 +130,7 @@ def test_remote_write_is_answered_after_kafka_acknowledged_every_batch(kafka_rea
     temps = {(b.entity, s.value) for b in batches for s in b.samples if s.name == "DCGM_FI_DEV_GPU_TEMP"}
     assert temps == {(gpu, 60.0 + i) for i, gpu in enumerate(gpus)}
     assert all(
-        s.value == 0.0 and s.ts == 1_780_000_000.0
+        s.value == 0.0 and s.ts == stamp_ms / 1000
         for b in batches
         for s in b.samples
         if s.name == "DCGM_FI_DEV_XID_ERRORS"
