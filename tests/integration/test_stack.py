@@ -17,6 +17,7 @@ import pytest
 from services.core.bus import ensure_topics
 from services.core.settings import Settings
 from services.stack import ROLES, ROLES_BY_NAME, Role, Stack, StackError, _alive
+from services.store.db import migrate
 from tests.conftest import poll
 
 pytestmark = pytest.mark.integration
@@ -28,7 +29,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _stack(tmp_path: Path, database_url: str, roles: tuple[Role, ...] = ROLES) -> Stack:
+def _stack(tmp_path: Path, database: Settings, roles: tuple[Role, ...] = ROLES) -> Stack:
+    migrate(database)  # what `medic up` does before `medic stack up`
     ports = {
         "CLUSTERMEDIC_INGEST_PORT": str(_free_port()),
         "CLUSTERMEDIC_API_PORT": str(_free_port()),
@@ -38,7 +40,7 @@ def _stack(tmp_path: Path, database_url: str, roles: tuple[Role, ...] = ROLES) -
         **os.environ,
         **ports,
         "CLUSTERMEDIC_TOPIC_PREFIX": f"test.{uuid.uuid4().hex[:10]}.",
-        "CLUSTERMEDIC_DATABASE_URL": database_url,
+        "CLUSTERMEDIC_DATABASE_URL": str(database.database_url),
         # a Redis database of its own: no other test's worker takes this stack's tasks
         "CLUSTERMEDIC_REDIS_URL": Settings().broker_url.rsplit("/", 1)[0] + "/12",
         "CLUSTERMEDIC_RUN_DIR": str(tmp_path / "state"),
@@ -58,9 +60,9 @@ def _stack(tmp_path: Path, database_url: str, roles: tuple[Role, ...] = ROLES) -
 
 
 def test_up_restarts_a_killed_role_and_down_stops_exactly_what_it_started(
-    tmp_path: Path, database_url: str, kafka_ready: None
+    tmp_path: Path, fresh_database: Settings, kafka_ready: None
 ) -> None:
-    stack = _stack(tmp_path, database_url)
+    stack = _stack(tmp_path, fresh_database)
     said: list[str] = []
     try:
         statuses = stack.up(timeout_s=240, say=said.append)
@@ -88,10 +90,10 @@ def test_up_restarts_a_killed_role_and_down_stops_exactly_what_it_started(
 
 
 def test_a_role_that_cannot_start_is_named_with_its_log_and_the_others_are_stopped(
-    tmp_path: Path, database_url: str, kafka_ready: None
+    tmp_path: Path, fresh_database: Settings, kafka_ready: None
 ) -> None:
     broken = Role("detect", ("pipeline", "--role", "no-such-role"))
-    stack = _stack(tmp_path, database_url, roles=(ROLES_BY_NAME["api"], broken))
+    stack = _stack(tmp_path, fresh_database, roles=(ROLES_BY_NAME["api"], broken))
     try:
         with pytest.raises(StackError) as caught:
             stack.up(timeout_s=120, say=lambda _: None)
