@@ -44,7 +44,7 @@ from services.core.events import FACT_TOPOLOGY, AlertRef, Citation, Hypothesis, 
 from services.diagnostician.documents import default_knowledge_dir
 from services.diagnostician.kb import SearchHit
 from services.diagnostician.runbooks import PLAYBOOK_DEFAULT_LEVELS, Runbook, load_runbooks
-from services.diagnostician.tools import GPU_FAULT_SIGNALS, Evidence, condense, topology_of
+from services.diagnostician.tools import GPU_FAULT_SIGNALS, Evidence, condense, deployment_of, topology_of
 
 WEIGHTS: dict[str, float] = {"anomalies": 1.0, "xid": 2.0, "logs": 0.8, "events": 0.6, "metrics": 0.3, "scope": 0.4}
 # Signals of the learned detectors and log novelty say "something is odd", not what: every runbook
@@ -365,11 +365,17 @@ def playbook_params(playbook: str | None, evidence: Evidence) -> dict[str, Any]:
         return {}
     wanted = PLAYBOOK_PARAMS.get(playbook, ())
     params: dict[str, Any] = {}
+    pods: list[str] = []
     for alert in own_alerts(evidence.incident):
         topo = topology_of(alert.labels)
         for key in wanted:
             if key in topo and key not in params:
                 params[key] = topo[key]
+        if topo.get("pod"):
+            pods.append(topo["pod"])
+    if "deployment" in wanted and "deployment" not in params and pods:
+        # vLLM pods carry no deployment label; their name does (<deployment>-<template hash>-<suffix>)
+        params["deployment"] = deployment_of(pods[0])
     return params
 
 

@@ -131,3 +131,27 @@ def test_a_gpu_fault_claimed_only_in_app_text_gets_no_node_action(doctor: Ranker
     crash = alert("log_new_template", POD, APP, {"pod": POD, "node": NODE}, template=line, example=line)
     diagnosis = doctor.diagnose(incident(crash))
     assert diagnosis.proposed_playbook not in {"cordon_node", "drain_node", "reset_gpu", "reboot_node"}
+
+
+def test_a_deployment_target_comes_from_the_pod_names_of_own_alerts() -> None:
+    # vLLM pods carry no deployment label; rollback_deployment was dropped for want of its target
+    from services.core.events import AlertRef, IncidentEvent, Provenance
+    from services.diagnostician.ranker import playbook_params
+    from services.diagnostician.tools import condense
+
+    own = Provenance(source="kube_api", trusted=("topology",))
+    alert = AlertRef(
+        fingerprint="f1",
+        entity="llama-70b-int4-7m6ppjfgdw-rjxrd",
+        signal="revision_regression",
+        detector="revision_rules",
+        severity="warning",
+        starts_at=1.0,
+        labels={"pod": "llama-70b-int4-7m6ppjfgdw-rjxrd", "namespace": "llm-serving"},
+        provenance=own,
+    )
+    incident = IncidentEvent(
+        incident_id="inc-1", kind="opened", severity="warning", title="t", alerts=(alert,), opened_at=1.0, ts=1.0
+    )
+    params = playbook_params("rollback_deployment", condense(incident, {}))
+    assert params == {"namespace": "llm-serving", "deployment": "llama-70b-int4"}
