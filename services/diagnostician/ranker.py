@@ -373,9 +373,10 @@ def playbook_params(playbook: str | None, evidence: Evidence) -> dict[str, Any]:
                 params[key] = topo[key]
         if topo.get("pod"):
             pods.append(topo["pod"])
-    if "deployment" in wanted and "deployment" not in params and pods:
-        # vLLM pods carry no deployment label; their name does (<deployment>-<template hash>-<suffix>)
-        params["deployment"] = deployment_of(pods[0])
+    named = [p for p in pods if len(p.rsplit("-", 2)) == 3 and all(p.rsplit("-", 2))]
+    if "deployment" in wanted and not ({"deployment", "model"} & params.keys()) and named:
+        # vLLM pods carry no deployment label; a Deployment's pod name does (<deployment>-<hash>-<suffix>)
+        params["deployment"] = deployment_of(named[0])
     return params
 
 
