@@ -451,7 +451,14 @@ def create_live_app(live: LiveSimulation, listener: Any) -> Any:
 
     @app.get("/live")
     def live_status() -> dict[str, Any]:
-        return {"t": live.now(), "speed": live.speed, "finished": live.finished.is_set(), **vars(live.stats)}
+        return {
+            "t": live.now(),
+            "epoch": live.sim.epoch,
+            "speed": live.speed,
+            "finished": live.finished.is_set(),
+            "score": float(live.sim.last_stats.get("score", 1.0)),
+            **vars(live.stats),
+        }
 
     app.mount("/", control)
     return app
