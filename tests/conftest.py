@@ -34,6 +34,15 @@ def poll(predicate, timeout_s: float, interval_s: float = 0.05, what: str = "con
         time.sleep(interval_s)
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a server the test starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @pytest.fixture
 def settings() -> Settings:
     """Settings with a fresh topic prefix so each test sees only its own messages."""

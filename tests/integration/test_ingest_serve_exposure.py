@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,16 +15,10 @@ import pytest
 
 from services.core.settings import Settings
 from services.ingest.http import ALERTMANAGER_PATH
-from tests.conftest import REPO, poll
+from tests.conftest import REPO, free_port, poll
 
 pytestmark = pytest.mark.integration
 WEBHOOK = (REPO / "tests" / "fixtures" / "ingest" / "alertmanager_webhook_v4.json").read_bytes()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -60,7 +53,7 @@ def _metrics(port: int) -> str | None:
 
 
 def test_refused_on_all_addresses_without_a_token(kafka_ready: None, settings: Settings, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     with _serve(settings, tmp_path / "ingest.log", "--host", "0.0.0.0", "--port", str(port)) as proc:
         assert proc.wait(timeout=60) == 2
     said = (tmp_path / "ingest.log").read_text()
@@ -71,7 +64,7 @@ def test_refused_on_all_addresses_without_a_token(kafka_ready: None, settings: S
 
 
 def test_insecure_warns_and_shows_on_metrics(kafka_ready: None, settings: Settings, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "ingest.log"
     with _serve(settings, log, "--host", "0.0.0.0", "--port", str(port), "--insecure") as proc:
         text = poll(lambda: proc.poll() is None and _metrics(port), 60, interval_s=0.2, what="ingest /metrics")
@@ -80,7 +73,7 @@ def test_insecure_warns_and_shows_on_metrics(kafka_ready: None, settings: Settin
 
 
 def test_with_a_token_every_push_needs_it(kafka_ready: None, settings: Settings, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     with _serve(settings, tmp_path / "ingest.log", "--host", "0.0.0.0", "--port", str(port), token="t0k-1") as proc:
         text = poll(lambda: proc.poll() is None and _metrics(port), 60, interval_s=0.2, what="ingest /metrics")
         assert 'clustermedic_insecure_listener{role="ingest"} 0.0' in text

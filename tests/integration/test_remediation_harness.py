@@ -197,3 +197,19 @@ def isolated_settings(base: Settings) -> Settings:
             "topic_prefix": f"test.{uuid.uuid4().hex[:10]}.",
         }
     )
+
+
+class RecordingDispatcher:
+    """Records what the executor would start on Celery (nothing here may start)."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def execute(self, run_id: str) -> None:
+        self.started.append(run_id)
+
+    def chain(self, run_id: str, *args: object) -> None:
+        self.started.append(run_id)
+
+    def rollback(self, run_id: str, token: str) -> None:
+        self.started.append(run_id)

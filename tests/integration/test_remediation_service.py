@@ -13,24 +13,9 @@ from services.remediation.config import RemediationSettings
 from services.remediation.runtime import build_executor
 from services.remediation.service import run
 from services.store.db import migrate
+from tests.integration.test_remediation_harness import RecordingDispatcher
 
 pytestmark = pytest.mark.integration
-
-
-class RecordingDispatcher:
-    """Records what the executor would start on Celery (nothing here may start)."""
-
-    def __init__(self) -> None:
-        self.started: list[str] = []
-
-    def execute(self, run_id: str) -> None:
-        self.started.append(run_id)
-
-    def chain(self, run_id: str, *args: object) -> None:
-        self.started.append(run_id)
-
-    def rollback(self, run_id: str, token: str) -> None:
-        self.started.append(run_id)
 
 
 def _diagnosis(incident: str, playbook: str) -> Diagnosis:

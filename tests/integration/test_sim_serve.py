@@ -26,16 +26,10 @@ import pytest
 from services.core.events import DeadLetter, KubeEvent
 from services.core.settings import Settings
 from services.ingest.kube import EventWatcher, api_client
-from tests.conftest import poll
+from tests.conftest import free_port, poll
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "sim-test-token-1234567890"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -78,7 +72,7 @@ def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[st
 
 
 def test_the_served_cluster_is_scraped_watched_pushed_and_controlled(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     kubeconfig = tmp_path / "kubeconfig"
     with loki_standin() as (loki_url, pushes):
         proc = _serve(

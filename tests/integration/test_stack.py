@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import uuid
 from pathlib import Path
 
@@ -18,23 +17,17 @@ from services.core.bus import ensure_topics
 from services.core.settings import Settings
 from services.stack import ROLES, ROLES_BY_NAME, Role, Stack, StackError, _alive
 from services.store.db import migrate
-from tests.conftest import poll
+from tests.conftest import free_port, poll
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _stack(tmp_path: Path, database: Settings, roles: tuple[Role, ...] = ROLES) -> Stack:
     migrate(database)  # what `medic up` does before `medic stack up`
     ports = {
-        "CLUSTERMEDIC_INGEST_PORT": str(_free_port()),
-        "CLUSTERMEDIC_API_PORT": str(_free_port()),
-        "CLUSTERMEDIC_FAUST_WEB_PORT": str(_free_port()),
+        "CLUSTERMEDIC_INGEST_PORT": str(free_port()),
+        "CLUSTERMEDIC_API_PORT": str(free_port()),
+        "CLUSTERMEDIC_FAUST_WEB_PORT": str(free_port()),
     }
     env = {
         **os.environ,
@@ -47,7 +40,7 @@ def _stack(tmp_path: Path, database: Settings, roles: tuple[Role, ...] = ROLES) 
     }
     # correlate's second Faust web port, in the same spirit as the stack's own 16067
     fixed = tuple(
-        Role(r.name, r.argv, r.health, r.what, (("CLUSTERMEDIC_FAUST_WEB_PORT", str(_free_port())),)) if r.env else r
+        Role(r.name, r.argv, r.health, r.what, (("CLUSTERMEDIC_FAUST_WEB_PORT", str(free_port())),)) if r.env else r
         for r in roles
     )
     settings = Settings(

@@ -30,6 +30,7 @@ from services.remediation.config import RemediationSettings
 from services.remediation.runtime import build_executor
 from services.remediation.service import run
 from services.store.db import connect, migrate
+from tests.integration.test_remediation_harness import RecordingDispatcher
 
 pytestmark = pytest.mark.integration
 
@@ -42,22 +43,6 @@ route: {receiver: sre, group_by: [alertname, node, pod], group_wait: 1s, group_i
 receivers: [{name: sre}]
 """
 ACTING = {"running", "awaiting_approval", "approved", "succeeded", "failed", "rolled_back"}
-
-
-class RecordingDispatcher:
-    """Records what the executor would start on Celery."""
-
-    def __init__(self) -> None:
-        self.started: list[str] = []
-
-    def execute(self, run_id: str) -> None:
-        self.started.append(run_id)
-
-    def chain(self, run_id: str, *args: object) -> None:
-        self.started.append(run_id)
-
-    def rollback(self, run_id: str, token: str) -> None:
-        self.started.append(run_id)
 
 
 def loki_push(now: float) -> bytes:
