@@ -110,9 +110,9 @@ class EventWatcher:
     def run(self, *, backoff_s: float = 1.0) -> None:
         """List and watch until :meth:`stop`; reconnects on drops, relists on 410 Gone."""
         while not self._stopped:
-            if not self.resource_version:
-                self.relist()
             try:
+                if not self.resource_version:
+                    self.relist()  # an API server not up yet, or gone a while, is retried, not fatal
                 self.watch_once()
             except ApiException as exc:
                 if exc.status == 410:

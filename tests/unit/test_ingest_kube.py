@@ -177,3 +177,53 @@ def test_events_k8s_io_v1_objects_normalise_like_core_ones() -> None:
         "node-controller",
     )
     assert event.message.startswith("Node gpu-node-2") and event.ts % 60 == pytest.approx(1.5)
+
+
+def test_a_failing_first_list_is_retried_instead_of_ending_the_watcher() -> None:
+    # the API server answers 503 at first (starting, overloaded): watch-k8s used to exit on it
+    lists: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            watch = "watch=true" in self.path
+            if not watch:
+                lists.append(1)
+            if not watch and len(lists) == 1:
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            body = (
+                b""
+                if watch
+                else json.dumps(
+                    {"kind": "EventList", "apiVersion": "v1", "metadata": {"resourceVersion": "11"}, "items": [E1]}
+                ).encode()
+            )
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        configuration = client.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
+        received: list[KubeEvent | DeadLetter] = []
+        watcher = EventWatcher(client.ApiClient(configuration), received.extend, watch_timeout_s=5)
+        thread = threading.Thread(target=watcher.run, kwargs={"backoff_s": 0.05}, daemon=True)
+        thread.start()
+        poll(lambda: received, 30, what="the event of the second list")
+        watcher.stop()
+        thread.join(10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [e.involved_object.name for e in received if isinstance(e, KubeEvent)] == ["pod-e1"]
+    assert len(lists) >= 2 and watcher.reconnects >= 1
