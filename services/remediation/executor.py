@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -94,7 +95,9 @@ class Executor:
         config: remediation.yaml.
         events: where RemediationEvents go.
         dispatcher: how follow-up work is scheduled.
-        clock: wall clock (UNIX seconds) for leases, approvals and guardrails.
+        clock: event time (UNIX seconds) for every timestamp the store writes or compares (leases,
+            approvals, guardrails) and for the events' ``ts``: wall time in production, the world's clock
+            under the simulator (``execution.clock: world``, see runtime.build_executor).
     """
 
     store: RunStore
@@ -103,7 +106,7 @@ class Executor:
     config: RemediationConfig
     events: EventSink
     dispatcher: Dispatcher
-    clock: Any = field(default=time.time)
+    clock: Callable[[], float] = field(default=time.time)
 
     # ----------------------------------------------------------------------------- intake
 
@@ -133,11 +136,13 @@ class Executor:
             "dropped": "blocked",
         }[decision.outcome]  # type: ignore[assignment]
         detail = ("dropped: " if decision.outcome == "dropped" else "") + "; ".join(decision.reasons)
-        if not self.store.create_run(run_id, decision, status, automatic=decision.outcome == "execute", detail=detail):
+        if not self.store.create_run(
+            run_id, decision, status, now=now, automatic=decision.outcome == "execute", detail=detail
+        ):
             return run_id, decision
         self.store.audit(run_id, decision.decided_by, f"decided:{decision.outcome}", decision.model_dump(mode="json"))
         if decision.outcome == "await_approval":
-            self.store.request_approval(run_id, now + self.config.approvals.ttl_s)
+            self.store.request_approval(run_id, now=now, expires_at=now + self.config.approvals.ttl_s)
         self._event(run_id, status, detail=detail)
         if decision.outcome == "execute":
             self.dispatcher.execute(run_id)
@@ -184,10 +189,11 @@ class Executor:
 
     def expire(self, now: float | None = None) -> list[str]:
         """Expire approvals past their deadline (their runs never act)."""
-        expired = self.store.expire_approvals(float(self.clock()) if now is None else now)
+        now = float(self.clock()) if now is None else now
+        expired = self.store.expire_approvals(now)
         for run_id in expired:
             if self.store.transition(
-                run_id, ["awaiting_approval"], "expired", detail="approval expired", finished=True
+                run_id, ["awaiting_approval"], "expired", detail="approval expired", now=now, finished=True
             ):
                 self.store.audit(run_id, "system", "expired")
                 self._event(run_id, "expired", detail="approval expired")
@@ -367,7 +373,8 @@ class Executor:
     def finish(self, run_id: str, token: str) -> None:
         """Mark the run succeeded and its incident mitigated."""
         self._running(run_id, token)
-        if not self.store.transition(run_id, ["running"], "succeeded", require_token=token, finished=True):
+        now = float(self.clock())
+        if not self.store.transition(run_id, ["running"], "succeeded", require_token=token, now=now, finished=True):
             return
         self.store.audit(run_id, "system", "succeeded")
         run = self.store.get_run(run_id)
@@ -375,7 +382,6 @@ class Executor:
         self._event(run_id, "succeeded", detail="verification passed")
         incident = self.store.mark_incident_mitigated(run.incident_id)
         if incident is not None:
-            now = float(self.clock())
             self.events.publish(
                 IncidentEvent(
                     incident_id=run.incident_id,
@@ -395,15 +401,17 @@ class Executor:
         if run is None:
             return
         pending = "pending" if run.rollback_plan else "done"
+        now = float(self.clock())
         if self.store.transition(
             run_id,
             ["running"],
             status,
             detail=reason,
+            now=now,
             finished=True,
             rollback_state=pending,
             require_token=token,
-            lease_until=float(self.clock()) + self.config.execution.lease_s,
+            lease_until=now + self.config.execution.lease_s,
         ):
             self.store.audit(run_id, "system", status, {"reason": reason})
             self._event(run_id, status, detail=reason)
@@ -506,7 +514,7 @@ class Executor:
     # ---------------------------------------------------------------------------- helpers
 
     def _end(self, run_id: str, from_status: list[str], status: str, detail: str) -> None:
-        if self.store.transition(run_id, from_status, status, detail=detail, finished=True):
+        if self.store.transition(run_id, from_status, status, detail=detail, now=float(self.clock()), finished=True):
             self.store.audit(run_id, "system", status, {"detail": detail})
             self._event(run_id, status, detail=detail)  # type: ignore[arg-type]
 

@@ -11,6 +11,12 @@ Guardrails are enforced here too. :meth:`RunStore.claim_run` (a run starts) and
 only then writes. Every writer that can change what a guardrail sees at start (a claim, the kill
 switch) takes the same lock, so two runs starting at once are serialised: the second one sees the
 first as ``running``. The lock is held for a few queries, never while an actuator acts.
+
+Time: every timestamp a guardrail, the recovery sweep or an approval reads (a run's ``created_at``,
+``started_at``, ``finished_at``, ``lease_until``; an approval's ``requested_at``, ``expires_at``,
+``decided_at``) is the caller's ``now``: the executor's clock, which is event time (simulated time
+under the simulator), never the database's ``now()``. Only ``updated_at``, step timings, the audit
+log's ``ts`` and the kill switch's ``updated_at`` are the database's wall time: they are for humans.
 """
 
 from __future__ import annotations
@@ -211,12 +217,14 @@ class RunStore:
 
     # ------------------------------------------------------------------------------- runs
 
-    def create_run(self, run_id: str, decision: Decision, status: str, *, automatic: bool, detail: str = "") -> bool:
-        """Record a run; False when the run id already exists (a redelivered diagnosis)."""
+    def create_run(
+        self, run_id: str, decision: Decision, status: str, *, now: float, automatic: bool, detail: str = ""
+    ) -> bool:
+        """Record a run created at ``now`` (UNIX seconds); False when the run id exists (a redelivered diagnosis)."""
         rows = self._q(
             """INSERT INTO remediation_runs (run_id, incident_id, playbook, level, params, status, decided_by,
-                   dry_run, detail, automatic, targets, scope, reasons)
-               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                   dry_run, detail, automatic, targets, scope, reasons, created_at)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, to_timestamp(%s))
                ON CONFLICT (run_id) DO NOTHING RETURNING run_id""",
             (
                 run_id,
@@ -232,6 +240,7 @@ class RunStore:
                 Jsonb(decision.targets.model_dump()),
                 Jsonb(decision.scope),
                 Jsonb(list(decision.reasons)),
+                now,
             ),
         )
         return bool(rows)
@@ -276,13 +285,20 @@ class RunStore:
         detail: str | None = None,
         token: str | None = None,
         require_token: str | None = None,
+        now: float | None = None,
         started: bool = False,
         finished: bool = False,
         lease_until: float | None = None,
         rollback_state: str | None = None,
     ) -> bool:
-        """Move a run from one of ``from_status`` to ``to_status``; False when it was not in one of them."""
-        sets = ["status = %s", "updated_at = now()"]
+        """Move a run from one of ``from_status`` to ``to_status``; False when it was not in one of them.
+
+        ``started``/``finished`` stamp ``started_at``/``finished_at`` with ``now`` (the executor's clock,
+        required with either).
+        """
+        if (started or finished) and now is None:
+            raise ValueError("transition: started/finished need the executor's now")
+        sets = ["status = %s", "updated_at = now()"]  # updated_at: wall time, for humans only
         args: list[Any] = [to_status]
         if detail is not None:
             sets.append("detail = %s")
@@ -291,9 +307,11 @@ class RunStore:
             sets.append("token = %s")
             args.append(token)
         if started:
-            sets.append("started_at = coalesce(started_at, now())")
+            sets.append("started_at = coalesce(started_at, to_timestamp(%s))")
+            args.append(now)
         if finished:
-            sets.append("finished_at = now()")
+            sets.append("finished_at = to_timestamp(%s)")
+            args.append(now)
         if lease_until is not None:
             sets.append("lease_until = to_timestamp(%s)")
             args.append(lease_until)
@@ -342,16 +360,17 @@ class RunStore:
             reasons = check(self._guardrail_state(q, now))
             if reasons:
                 q(
-                    "UPDATE remediation_runs SET status = 'blocked', detail = %s, finished_at = now(),"
+                    "UPDATE remediation_runs SET status = 'blocked', detail = %s, finished_at = to_timestamp(%s),"
                     " updated_at = now() WHERE run_id = %s",
-                    ("; ".join(reasons), run_id),
+                    ("; ".join(reasons), now, run_id),
                 )
                 return Claim(outcome="blocked", reasons=tuple(reasons))
             q(
                 """UPDATE remediation_runs SET status = 'running', token = %s, detail = '',
-                       started_at = coalesce(started_at, now()), lease_until = to_timestamp(%s), updated_at = now()
+                       started_at = coalesce(started_at, to_timestamp(%s)), lease_until = to_timestamp(%s),
+                       updated_at = now()
                    WHERE run_id = %s""",
-                (token, lease_until, run_id),
+                (token, now, lease_until, run_id),
             )
             return Claim(outcome="claimed")
 
@@ -481,12 +500,12 @@ class RunStore:
 
     # -------------------------------------------------------------------------- approvals
 
-    def request_approval(self, run_id: str, expires_at: float) -> None:
-        """Open a pending approval (idempotent)."""
+    def request_approval(self, run_id: str, *, now: float, expires_at: float) -> None:
+        """Open a pending approval requested at ``now`` (idempotent)."""
         self._q(
-            "INSERT INTO approvals (run_id, status, expires_at) VALUES (%s, 'pending', to_timestamp(%s))"
-            " ON CONFLICT (run_id) DO NOTHING",
-            (run_id, expires_at),
+            "INSERT INTO approvals (run_id, status, requested_at, expires_at)"
+            " VALUES (%s, 'pending', to_timestamp(%s), to_timestamp(%s)) ON CONFLICT (run_id) DO NOTHING",
+            (run_id, now, expires_at),
         )
 
     def get_approval(self, run_id: str) -> ApprovalRow | None:
@@ -505,18 +524,19 @@ class RunStore:
     ) -> bool:
         """Approve or reject a pending, unexpired approval; False when it was not pending or has expired."""
         rows = self._q(
-            """UPDATE approvals SET status = %s, approver = %s, channel = %s, comment = %s, decided_at = now()
+            """UPDATE approvals SET status = %s, approver = %s, channel = %s, comment = %s,
+                   decided_at = to_timestamp(%s)
                WHERE run_id = %s AND status = 'pending' AND expires_at > to_timestamp(%s) RETURNING run_id""",
-            (status, approver, channel, comment, run_id, now),
+            (status, approver, channel, comment, now, run_id, now),
         )
         return bool(rows)
 
     def expire_approvals(self, now: float) -> list[str]:
         """Expire pending approvals past their deadline; return their run ids."""
         rows = self._q(
-            """UPDATE approvals SET status = 'expired', decided_at = now()
+            """UPDATE approvals SET status = 'expired', decided_at = to_timestamp(%s)
                WHERE status = 'pending' AND expires_at <= to_timestamp(%s) RETURNING run_id""",
-            (now,),
+            (now, now),
         )
         return [r["run_id"] for r in rows]
 

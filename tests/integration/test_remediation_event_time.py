@@ -1,0 +1,89 @@
+"""Guardrails follow the executor's clock (event time), not the database's: a simulated clock that runs
+far from the wall clock (a week ago, advanced by hand) drives cooldowns, the breaker and approval TTLs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from services.remediation.config import PolicySpec
+from services.remediation.model import Decision, Targets
+from services.remediation.policy import GuardrailState, start_blocks
+from services.remediation.store import RunStore
+from services.store.db import migrate
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_780_000_000.0  # simulated UNIX time: nowhere near the wall clock while the test runs
+POLICY = PolicySpec()  # cooldown 900 s, breaker 3 failures per 3600 s
+
+
+@pytest.fixture
+def store(fresh_database):
+    migrate(fresh_database)
+    s = RunStore(fresh_database)
+    yield s
+    s.close()
+
+
+def _run(store: RunStore, run_id: str, node: str, now: float) -> Targets:
+    targets = Targets(nodes=(node,))
+    decision = Decision(
+        incident_id=f"inc-{run_id}", playbook="cordon_node", level=1, outcome="execute", targets=targets
+    )
+    assert store.create_run(run_id, decision, "proposed", now=now, automatic=True)
+    return targets
+
+
+def _start(store: RunStore, run_id: str, targets: Targets, now: float) -> tuple[str, tuple[str, ...]]:
+    def check(state: GuardrailState) -> list[str]:
+        return start_blocks(run_id, targets, POLICY, state, now, automatic=True)
+
+    claim = store.claim_run(run_id, ["proposed"], check, now=now, token=f"tok-{run_id}", lease_until=now + 120)
+    return claim.outcome, claim.reasons
+
+
+def test_the_cooldown_is_measured_on_the_simulated_clock(store: RunStore) -> None:
+    first = _run(store, "r1", "gpu-node-001", T0)
+    assert _start(store, "r1", first, T0)[0] == "claimed"
+    assert store.transition("r1", ["running"], "succeeded", now=T0 + 50, finished=True)
+    run = store.get_run("r1")
+    assert run is not None and (run.created_at, run.started_at, run.finished_at) == (T0, T0, T0 + 50)
+
+    second = _run(store, "r2", "gpu-node-001", T0 + 100)
+    outcome, reasons = _start(store, "r2", second, T0 + 100)
+    assert outcome == "blocked" and any("cooldown" in r for r in reasons)
+
+    third = _run(store, "r3", "gpu-node-001", T0 + 1000)
+    assert _start(store, "r3", third, T0 + 1000)[0] == "claimed"
+
+
+def test_the_circuit_breaker_window_is_measured_on_the_simulated_clock(store: RunStore) -> None:
+    for i in range(POLICY.circuit_breaker.max_failures):
+        targets = _run(store, f"f{i}", f"gpu-node-00{i}", T0 + i)
+        assert _start(store, f"f{i}", targets, T0 + i)[0] == "claimed"
+        assert store.transition(f"f{i}", ["running"], "failed", now=T0 + 10 + i, finished=True)
+
+    late = _run(store, "late", "gpu-node-009", T0 + 100)
+    outcome, reasons = _start(store, "late", late, T0 + 100)
+    assert outcome == "blocked" and any("circuit breaker" in r for r in reasons)
+
+    after = T0 + 10 + POLICY.circuit_breaker.window_s + 100
+    later = _run(store, "later", "gpu-node-008", after)
+    assert _start(store, "later", later, after)[0] == "claimed"
+
+
+def test_the_approval_ttl_runs_on_the_simulated_clock(store: RunStore) -> None:
+    ttl = 3600.0
+    for run_id in ("a1", "a2"):
+        _run(store, run_id, "gpu-node-001", T0)
+        store.request_approval(run_id, now=T0, expires_at=T0 + ttl)
+
+    assert store.expire_approvals(T0 + ttl - 1) == []
+    assert store.decide_approval("a1", "approved", approver="alice", channel="cli", comment="", now=T0 + 60)
+    assert store.expire_approvals(T0 + ttl) == ["a2"]
+    assert not store.decide_approval("a2", "approved", approver="bob", channel="cli", comment="", now=T0 + ttl + 1)
+
+    a1, a2 = store.get_approval("a1"), store.get_approval("a2")
+    assert a1 is not None and (a1.requested_at, a1.decided_at, a1.status) == (T0, T0 + 60, "approved")
+    assert a2 is not None and (a2.requested_at, a2.decided_at, a2.status) == (T0, T0 + ttl, "expired")
