@@ -90,6 +90,8 @@ def simulator_transport(sim: Simulator) -> httpx.MockTransport:
         path = request.url.path
         if request.method == "GET" and path == "/state":
             return httpx.Response(200, json=sim.observe())
+        if request.method == "GET" and path == "/clock":
+            return httpx.Response(200, json={"t": float(sim.t), "now": float(sim.epoch + sim.t)})
         if request.method == "POST" and path.startswith("/actions/"):
             kind = path.removeprefix("/actions/")
             if kind not in ACTIONS:
@@ -319,9 +321,9 @@ def loop_database(settings: Settings) -> Iterator[Settings]:
 def _clear_runs(settings: Settings) -> None:
     """Forget the previous episode's runs.
 
-    The RunStore stamps ``started_at``/``finished_at`` with the database's ``now()`` (wall time) while
-    the guardrails compare them with the executor's clock (simulated time here): an earlier episode's
-    runs would look recent forever and block this one (docs/evaluation.md, "Known defects").
+    The store now stamps runs with the executor's clock (simulated time here), but every episode replays
+    the same simulated epoch: an earlier episode's runs sit at the same simulated times (and its
+    diagnoses give the same run ids), so they would count as recent and block this one.
     """
     from services.store.db import connect
 
@@ -475,7 +477,7 @@ def run_episode(
         config=config,
         events=sink,
         dispatcher=dispatcher,
-        clock=lambda: sim.epoch + sim.t,  # event time: the simulated UNIX time, never time.time
+        clock=actuator.event_time,  # execution.clock "world": the simulated UNIX time, never time.time
     )
     dispatcher.executor = executor
     incidents: list[IncidentEvent] = []

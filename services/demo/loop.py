@@ -183,6 +183,8 @@ def write_configs(run_dir: Path, ports: Ports, vendor_url: str, speed: float) ->
         "time_scale": 1.0 / speed,  # wall seconds per simulated second between verifications
         "timeout_s": 10,
     }
+    # the executor runs on the simulation's clock: cooldowns, breaker and approval TTL in simulated time
+    remediation.setdefault("execution", {})["clock"] = "world"
     remediation_path = run_dir / "remediation.yaml"
     remediation_path.write_text(yaml.safe_dump(remediation, sort_keys=False))
 

@@ -12,7 +12,7 @@ import fnmatch
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -62,8 +62,15 @@ class ActuatorConfig(_Model):
 
 
 class ExecutionConfig(_Model):
-    """Celery execution knobs."""
+    """Celery execution knobs.
 
+    ``clock`` is the executor's clock, event time for every remediation timer (cooldowns, rate limit,
+    circuit breaker, leases, approval TTL): ``wall`` (production: the world runs on wall time) or
+    ``world`` (the actuator's :meth:`~services.remediation.actuators.base.Actuator.event_time`: the
+    simulated UNIX time under the simulator, so a run at ``--speed 30`` behaves like one at 1x).
+    """
+
+    clock: Literal["wall", "world"] = "wall"
     lease_s: float = Field(default=120.0, gt=0)
     verify_backoff_max_s: int = Field(default=30, ge=1)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from services.core.bus import KafkaPublisher
 from services.core.errors import InfraError
@@ -81,6 +82,8 @@ def build_executor(
     if settings.sim_token and actuator_config.kind == "simulator":
         actuator_config = actuator_config.model_copy(update={"token": settings.sim_token})
     actuator = actuator_registry().load(actuator_config.kind).from_config(actuator_config)
+    # event time: the wall clock in production; the world's (simulated) clock under the simulator
+    clock = actuator.event_time if config.execution.clock == "world" else time.time
     return Executor(
         store=RunStore(settings),
         actuator=actuator,
@@ -88,4 +91,5 @@ def build_executor(
         config=config,
         events=events or KafkaEventSink(settings),
         dispatcher=dispatcher,
+        clock=clock,
     )

@@ -1,6 +1,7 @@
 """HTTP control API over one simulator, for the remediation workers (FastAPI).
 
-Routes: ``GET /state``, ``GET /faults``, ``GET /grade``, ``POST /actions/{kind}`` with
+Routes: ``GET /state``, ``GET /clock`` (``t`` and ``now`` = epoch + t: the remediation executor's event
+time, without a state snapshot), ``GET /faults``, ``GET /grade``, ``POST /actions/{kind}`` with
 ``{"target": ..., "params": {...}}``, ``POST /advance?seconds=N``, ``POST /faults/{id}/detected``;
 ``GET /healthz`` and ``GET /metrics`` (``clustermedic_insecure_listener{role="simulator"}``).
 
@@ -74,6 +75,11 @@ def create_http_app(
     def state() -> dict[str, Any]:
         with lock:
             return sim.observe()
+
+    @app.get("/clock")
+    def clock() -> dict[str, float]:
+        with lock:
+            return {"t": float(sim.t), "now": float(sim.epoch + sim.t)}
 
     @app.get("/faults")
     def faults() -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ Contract:
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Literal
 
@@ -67,6 +68,10 @@ class Actuator(ABC):
     @abstractmethod
     def clock(self) -> float:
         """The world's current time in seconds."""
+
+    def event_time(self) -> float:
+        """The world's current UNIX time (what its telemetry is stamped with); wall time by default."""
+        return time.time()
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

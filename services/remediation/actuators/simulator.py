@@ -87,6 +87,15 @@ class SimulatorActuator(Actuator):
     def clock(self) -> float:
         return float(self._state()["t"])
 
+    def event_time(self) -> float:
+        """The simulated UNIX time (epoch + t), from the cheap ``GET /clock`` (no state snapshot)."""
+        try:
+            resp = self._http.get("/clock")
+            resp.raise_for_status()
+            return float(resp.json()["now"])
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise ActuatorError(f"simulator clock unavailable: {exc}") from exc
+
     def act(self, action: ActionSpec) -> ActionOutcome:
         if action.op == "rollout_restart":
             dep = self.describe("deployment", action.target)
