@@ -144,7 +144,7 @@ class RankerDiagnostician(Diagnostician):
             level=top.level if top else None,
             notes=review.notes,
             latency_ms=round((time.perf_counter() - started) * 1000, 3),
-            ts=time.time(),
+            ts=incident.ts,  # event time: the incident event's (latency_ms alone is wall-measured)
         )
 
     def close(self) -> None:

@@ -360,7 +360,7 @@ class LLMDiagnostician(Diagnostician):
             level=level,
             notes=tuple(dict.fromkeys(notes)),
             latency_ms=round((time.perf_counter() - started) * 1000, 3),
-            ts=time.time(),
+            ts=incident.ts,  # event time: the incident event's (latency_ms alone is wall-measured)
         )
 
     def allowed(self, fallback: Diagnosis) -> dict[str, int]:
