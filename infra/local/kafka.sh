@@ -88,22 +88,26 @@ java_opts() {
 }
 
 wait_ready() {
-  # Ready means a metadata request answers, not merely that the port is open.
+  # Ready means a metadata request answers and a consumer group has a coordinator, not merely that
+  # the port is open: a fresh broker creates __consumer_offsets on the first group lookup, which on a
+  # busy machine took longer than the first test's consumer was willing to wait.
   "$PYTHON" - "127.0.0.1:$PORT" <<'PY' || return 1
 import sys, time
 from kafka import KafkaAdminClient
-deadline = time.monotonic() + 90
+deadline = time.monotonic() + 120
 last = None
 while time.monotonic() < deadline:
     try:
         admin = KafkaAdminClient(bootstrap_servers=sys.argv[1], request_timeout_ms=3000)
         admin.list_topics()
+        # answered (even "no such group") only once the group coordinator is up; raises before
+        admin.describe_groups(["clustermedic-ready-check"])
         admin.close()
         sys.exit(0)
     except Exception as exc:  # the broker is still starting
         last = exc
-        time.sleep(0.5)
-print(f"no metadata answer within 90 s: {last}", file=sys.stderr)
+    time.sleep(0.5)
+print(f"no metadata and group coordinator answer within 120 s: {last}", file=sys.stderr)
 sys.exit(1)
 PY
 }
