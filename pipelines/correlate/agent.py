@@ -586,14 +586,23 @@ def register_correlate(
             if deleted:
                 log.info("pruned %d anomalies older than the retention", deleted)
 
+    changelog_known = False
+
     async def checkpoint() -> None:
-        nonlocal last_checkpoint
+        nonlocal last_checkpoint, changelog_known
         async with lock:
             if not pending and not correlator.dirty:
                 return
             # What the acked events caused must be durable before the state that no longer causes it.
             await store_history()
             await app.producer.flush()
+            if not changelog_known:
+                # A changelog topic Faust has just created can be missing from the producer's metadata;
+                # the first table write then fails in key_partition (no partitions known) and crashes
+                # the agent for good. Wait until the producer knows the topic's partitions.
+                producer = app.producer._ensure_producer()  # type: ignore[attr-defined]
+                await producer.partitions_for(table.changelog_topic.get_topic_name())
+                changelog_known = True
             for cluster in sorted(correlator.dirty):
                 if cluster in correlator.engines:
                     table[cluster.encode()] = correlator.state(cluster)
