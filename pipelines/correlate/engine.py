@@ -46,8 +46,8 @@ from pipelines.correlate.model import (
     Incident,
     Notification,
     NotifyEntry,
+    alert_fingerprint,
     alert_labels,
-    fingerprint,
     incident_id,
 )
 from pipelines.correlate.routes import Route, build_route_tree
@@ -210,7 +210,7 @@ class Engine:
 
     def _apply(self, anomaly: Anomaly, at: float, out: list[Action]) -> None:
         labels = alert_labels(anomaly)
-        fp = anomaly.fingerprint or fingerprint(labels)
+        fp = alert_fingerprint(anomaly, labels)
         alert = self.alerts.get(fp)
         if alert is None:
             if anomaly.status == "resolved":

@@ -15,13 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipelines.correlate.model import alert_labels, fingerprint
+from pipelines.correlate.model import alert_fingerprint
 from services.core.events import Anomaly
-
-
-def alert_fingerprint(anomaly: Anomaly) -> str:
-    """The fingerprint of the alert an anomaly updates: the producer's, else that of its alert labels."""
-    return anomaly.fingerprint or fingerprint(alert_labels(anomaly))
 
 
 @dataclass

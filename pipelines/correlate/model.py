@@ -16,31 +16,13 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from services.core.events import AlertRef, Anomaly, IncidentEvent, Provenance
+from services.core.fingerprint import label_fingerprint
 
 R = TypeVar("R", bound="Record")
 
 Status = Literal["firing", "resolved"]
 IncidentState = Literal["open", "mitigated", "resolved"]
 NotifyReason = Literal["first", "update", "repeat", "resolved"]
-
-_FNV64_OFFSET = 0xCBF29CE484222325
-_FNV64_PRIME = 0x100000001B3
-_SEPARATOR = b"\xff"
-
-
-def fingerprint(labels: Mapping[str, str]) -> str:
-    """Alertmanager's fingerprint of a label set: FNV-1a 64 over sorted ``name 0xff value 0xff``, as hex.
-
-    The same label set always gives the same 16-hex-digit string, whatever the insertion order.
-    """
-    h = _FNV64_OFFSET
-    for name in sorted(labels):
-        for chunk in (name.encode(), _SEPARATOR, labels[name].encode(), _SEPARATOR):
-            for byte in chunk:
-                h ^= byte
-                h = (h * _FNV64_PRIME) & 0xFFFFFFFFFFFFFFFF
-    return f"{h:016x}"
-
 
 # The labels every alert carries, each from the Anomaly field named here (silences reason about them:
 # pipelines/correlate/silences.py, matches_every_alert).
@@ -60,6 +42,16 @@ def alert_labels(anomaly: Anomaly) -> dict[str, str]:
     labels = {k: v for k, v in anomaly.labels.items() if v != ""}
     labels.update({label: getattr(anomaly, name) for label, name in ALERT_LABEL_FIELDS.items()})
     return dict(sorted(labels.items()))
+
+
+def alert_fingerprint(anomaly: Anomaly, labels: Mapping[str, str] | None = None) -> str:
+    """The identity of the alert an anomaly updates: the producer's fingerprint, else that of its alert
+    labels (``labels`` when the caller has built them already).
+
+    The same for the alert's firing and its resolution; a redelivery is told apart by
+    :meth:`~services.core.events.Anomaly.delivery_key`, never by this.
+    """
+    return anomaly.fingerprint or label_fingerprint(alert_labels(anomaly) if labels is None else labels)
 
 
 class Record:

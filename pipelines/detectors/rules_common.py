@@ -11,7 +11,7 @@ Rules read Prometheus-style samples and Kubernetes events, so they share four ne
 * **sustained conditions**: :class:`Condition` fires once when a condition has held for N samples
   and resolves when it clears, so a saturated cache makes one anomaly, not one per scrape;
 * **anomalies**: :func:`make_anomaly` sets the fingerprint, a stable hash of
-  (detector, signal, entity), which is what the correlator deduplicates on.
+  (detector, signal, entity): the alert's identity in the correlator, the same when it resolves.
 
 Everything here is plain data (numbers, strings, lists, dicts) so a detector's state goes to JSON
 with :func:`plain` and comes back with the ``from_dict`` helpers.

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.core.errors import DecodeError, SchemaError
+from services.core.fingerprint import fingerprint as hash_parts
 
 Severity = Literal["info", "warning", "critical"]
 EntityKind = Literal["gpu", "node", "pod", "model", "service", "other"]
@@ -182,7 +183,14 @@ class Provenance(BaseModel):
 
 
 class Anomaly(Event):
-    """Something a detector (or an external Alertmanager) judged abnormal about one entity."""
+    """Something a detector (or an external Alertmanager) judged abnormal about one entity.
+
+    Two keys, each with one job. ``fingerprint`` is the alert's identity: the same for its firing
+    and its resolution, and for every later occurrence, so a resolved anomaly finds the alert it
+    resolves and the history of an alert is one fingerprint. ``dedup_key`` is the delivery's: every
+    redelivery of one alert state carries it, and a new state (resolved, fired again) does not, so a
+    redelivery can be skipped without losing a state change (:meth:`delivery_key`).
+    """
 
     topic: ClassVar[str] = "anomalies.v1"
     entity: str = Field(min_length=1)
@@ -196,11 +204,29 @@ class Anomaly(Event):
     ts: float
     labels: dict[str, str] = Field(default_factory=dict, description="topology and routing labels")
     evidence: dict[str, Any] = Field(default_factory=dict, description="features, template, event...")
-    fingerprint: str = Field(default="", description="stable identity for dedup; set by the producer")
+    fingerprint: str = Field(
+        default="",
+        description="the alert's identity, the same for its firing and its resolution; set by the producer "
+        "(empty: the correlator uses the fingerprint of the alert labels)",
+    )
+    dedup_key: str = Field(
+        default="",
+        description="the delivery's idempotency key: the same for every redelivery of one alert state; "
+        "empty: derived from fingerprint, status and ts (delivery_key)",
+    )
     provenance: Provenance = Field(default_factory=Provenance, description="source and what it is trusted for")
 
     def key(self) -> str:
         return self.entity
+
+    def delivery_key(self) -> str:
+        """The key a redelivery of this alert state shares and nothing else does: ``dedup_key`` when the
+        producer set one, else a hash of the identity (``fingerprint``, or detector, signal and entity
+        when it is empty), ``status`` and ``ts``."""
+        if self.dedup_key:
+            return self.dedup_key
+        identity = (self.fingerprint,) if self.fingerprint else (self.detector, self.signal, self.entity)
+        return hash_parts("delivery", *identity, self.status, repr(self.ts))
 
 
 # ----------------------------------------------------------------------------------- incidents

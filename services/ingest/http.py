@@ -266,14 +266,15 @@ class IngestService:
     def parse_alertmanager(self, body: bytes, headers: Headers) -> Parsed:
         """Decode a webhook v4 body, keeping only alert states not delivered before."""
         check = self.time_check()
-        pairs = normalise.alertmanager_webhook(body, check)
+        anomalies = normalise.alertmanager_webhook(body, check)
         events: list[Event] = []
         keys: list[str] = []
-        for key, anomaly in pairs:
+        for anomaly in anomalies:
+            key = anomaly.delivery_key()  # the alert state, not the alert: its resolution is no duplicate
             if self.delivered.reserve(key):
                 keys.append(key)
                 events.append(anomaly)
-        return Parsed(events, len(events), duplicates=len(pairs) - len(events), keys=keys, check=check)
+        return Parsed(events, len(events), duplicates=len(anomalies) - len(events), keys=keys, check=check)
 
 
 def _param(params: str, name: str) -> str:

@@ -31,6 +31,8 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.core.events import Anomaly, KubeEvent, LogRecord, MetricBatch, ObjectRef, Provenance, Severity
+from services.core.fingerprint import fingerprint as hash_parts
+from services.core.fingerprint import label_fingerprint
 from services.ingest.errors import RejectedInput
 from services.ingest.protowire import PushRequest, WriteRequest
 from services.ingest.timebounds import TimeCheck
@@ -425,7 +427,7 @@ WEBHOOK_PROVENANCE = Provenance(source="alertmanager_webhook", stream="/api/v1/a
 until telemetry ClusterMedic collected corroborates them (docs/security.md)."""
 
 
-def alertmanager_webhook(raw: bytes, check: TimeCheck | None = None) -> list[tuple[str, Anomaly]]:
+def alertmanager_webhook(raw: bytes, check: TimeCheck | None = None) -> list[Anomaly]:
     """Turn an Alertmanager webhook v4 body into one :class:`Anomaly` per alert.
 
     Each anomaly carries :data:`WEBHOOK_PROVENANCE`: trusted for nothing, so it can open an incident
@@ -437,10 +439,12 @@ def alertmanager_webhook(raw: bytes, check: TimeCheck | None = None) -> list[tup
     zero time (0001-01-01) or a resolve timeout ahead for it.
 
     Returns:
-        ``(dedup key, anomaly)`` pairs. The dedup key is group key + fingerprint + status + startsAt:
-        Alertmanager delivers at least once (HA peers, repeat_interval), and a redelivery of the same
-        alert state carries the same four values. The anomaly's ``fingerprint`` is Alertmanager's
-        fingerprint with startsAt and status, so downstream dedup is idempotent too.
+        One anomaly per alert kept. Its ``fingerprint``, the alert's identity, is ``alertmanager:`` +
+        Alertmanager's fingerprint (of the labels, when the sender omitted it): the same for the
+        alert's firing and its resolution, so the resolved form resolves the alert it belongs to. Its
+        ``dedup_key`` is a hash of group key + fingerprint + status + startsAt: Alertmanager delivers
+        at least once (HA peers, repeat_interval), and a redelivery of one alert state carries the
+        same four values, while its resolution or a new firing does not.
 
     Raises:
         RejectedInput: not JSON or not a webhook v4 payload.
@@ -455,7 +459,7 @@ def alertmanager_webhook(raw: bytes, check: TimeCheck | None = None) -> list[tup
             f"not an Alertmanager webhook v4 payload: {where}: {first['msg']} ({exc.error_count()} errors)",
             reason=why,
         ) from exc
-    out: list[tuple[str, Anomaly]] = []
+    out: list[Anomaly] = []
     for i, alert in enumerate(payload.alerts):
         try:
             starts = parse_rfc3339(alert.startsAt)
@@ -480,7 +484,8 @@ def alertmanager_webhook(raw: bytes, check: TimeCheck | None = None) -> list[tup
             entity, kind = alert.labels["UUID"], "gpu"
         elif kind == "other":
             entity = signal
-        fingerprint = alert.fingerprint or _label_fingerprint(alert.labels)
+        # only for senders that omit the fingerprint; Alertmanager always sends one
+        fingerprint = alert.fingerprint or label_fingerprint(alert.labels)
         anomaly = Anomaly(
             entity=entity,
             entity_kind=kind,
@@ -502,17 +507,13 @@ def alertmanager_webhook(raw: bytes, check: TimeCheck | None = None) -> list[tup
                 "receiver": payload.receiver,
                 "external_url": payload.externalURL,
             },
-            fingerprint=f"alertmanager:{fingerprint}:{alert.startsAt}:{alert.status}",
+            fingerprint=f"alertmanager:{fingerprint}",
+            dedup_key="alertmanager:" + hash_parts(payload.groupKey, fingerprint, alert.status, alert.startsAt),
             # Pushed, not collected: evidence for humans, trusted for no fact (no GPU fault, no target).
             provenance=WEBHOOK_PROVENANCE,
         )
-        out.append((json.dumps([payload.groupKey, fingerprint, alert.status, alert.startsAt]), anomaly))
+        out.append(anomaly)
     return out
-
-
-def _label_fingerprint(labels: Mapping[str, str]) -> str:
-    # only for senders that omit the fingerprint; Alertmanager always sends one
-    return f"{zlib.crc32(json.dumps(sorted(labels.items())).encode()):08x}"
 
 
 # ------------------------------------------------------------------------------ Kubernetes

@@ -2,7 +2,8 @@
 
 Every timeline runs at once against one correlate role (in-process, manual acks, checkpoints), each on
 its own cluster label: group_wait / group_interval / repeat_interval, inhibition by a node-down alert,
-a silence created and expired through the API, a flapping signal that pages once, and an N-of-M route.
+a silence created and expired through the API, a flapping signal that pages once, an N-of-M route, and
+an Alertmanager webhook alert that fires, is redelivered and resolves.
 See tests/acceptance/timeline.py for how a timeline is judged.
 """
 
@@ -25,7 +26,17 @@ from services.api.app import create_app
 from services.core.bus import ensure_topics
 from services.core.settings import Settings
 from services.store.db import migrate
-from tests.acceptance.timeline import Push, Recorder, Step, Timeline, Want, ready, run_timelines, wait_for
+from tests.acceptance.timeline import (
+    Push,
+    Recorder,
+    Step,
+    Timeline,
+    Want,
+    WebhookPush,
+    ready,
+    run_timelines,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -126,6 +137,27 @@ def n_of_m_timeline() -> Timeline:
     )
 
 
+def webhook_timeline() -> Timeline:
+    # An Alertmanager alert fires (t=0), an HA peer delivers it again (t=0.5, the same alert state:
+    # nothing changes), and its resolved form arrives at t=2: one alert throughout, so the resolution
+    # resolves it there and then, and the group's next flush (t=3) says so, long before the 5 minutes
+    # of resolve_timeout.
+    labels = {"node": "n8", "severity": "critical"}
+    return Timeline(
+        "webhook",
+        pushes=[
+            WebhookPush(0.0, "GpuXidError", labels),
+            WebhookPush(0.5, "GpuXidError", labels),
+            WebhookPush(2.0, "GpuXidError", labels, status="resolved"),
+        ],
+        wants=[
+            Want(1.0, 1.0, frozenset({"n8"}), "first"),
+            Want(3.0, 3.0, frozenset({"n8"}), "resolved"),
+        ],
+        end=7.5,  # past repeat_interval (t=7): a still-firing alert would repeat
+    )
+
+
 @dataclass
 class SilenceCase:
     """A silence made through the API before the timeline starts and expired through it at t=4."""
@@ -194,7 +226,14 @@ def played(kafka_ready: None, module_database: Settings) -> dict[str, Timeline]:
     ensure_topics(settings)
     api = TestClient(create_app(settings))
     silence = SilenceCase(api)
-    timelines = [group_timeline(), inhibition_timeline(), flapping_timeline(), n_of_m_timeline(), silence.timeline()]
+    timelines = [
+        group_timeline(),
+        inhibition_timeline(),
+        flapping_timeline(),
+        n_of_m_timeline(),
+        silence.timeline(),
+        webhook_timeline(),
+    ]
     recorder = Recorder(timelines)
 
     async def main() -> None:
@@ -252,3 +291,15 @@ def test_a_flapping_signal_pages_once(played):
 
 def test_n_of_m_sends_only_once_the_threshold_is_met(played):
     _judge(played["n_of_m"])
+
+
+def test_alertmanager_firing_then_resolved_resolves_the_alert_at_once(played):
+    timeline = played["webhook"]
+    _judge(timeline)
+    first, resolved = (s.notification for s in timeline.seen)
+    assert [a.fingerprint for a in resolved.alerts] == [a.fingerprint for a in first.alerts]
+    assert [a.status for a in resolved.alerts] == ["resolved"]
+    # the incident's alert in PostgreSQL ended when the resolved form said, not at resolve_timeout
+    incident = played["_api"].get(f"/api/v1/incidents/{first.incident_id}").json()
+    (alert,) = incident["alerts"]
+    assert alert["status"] == "resolved" and alert["fingerprint"].startswith("alertmanager:")

@@ -15,6 +15,8 @@ that nothing else arrives); everything that waits *for* something polls with a d
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ from pipelines.app import Pipeline
 from pipelines.correlate.agent import Correlator
 from pipelines.correlate.model import Notification
 from services.core.events import Anomaly
+from services.ingest.normalise import alertmanager_webhook
 
 WALL_SLACK_S = 1.5  # broker round trips and the tick interval, on a loaded 2-core machine
 
@@ -53,6 +56,35 @@ class Push:
             ts=start + self.at,
             labels={**self.labels, "cluster": cluster},
         )
+
+
+@dataclass(frozen=True)
+class WebhookPush:
+    """Publish one Alertmanager webhook alert at ``at``, normalised as the ingest receiver does.
+
+    The alert started at ``starts`` (seconds after the timeline's start, like ``at``); a resolved one
+    ended at ``at``. Alertmanager's fingerprint is left out, so the alert is identified by its labels.
+    """
+
+    at: float
+    alertname: str
+    labels: dict[str, str]
+    status: str = "firing"
+    starts: float = 0.0
+
+    def anomaly(self, cluster: str, start: float) -> Anomaly:
+        def rfc3339(t: float) -> str:
+            return dt.datetime.fromtimestamp(start + t, dt.UTC).isoformat().replace("+00:00", "Z")
+
+        alert = {
+            "status": self.status,
+            "labels": {**self.labels, "alertname": self.alertname, "cluster": cluster},
+            "startsAt": rfc3339(self.starts),
+            "endsAt": rfc3339(self.at) if self.status == "resolved" else "0001-01-01T00:00:00Z",
+        }
+        body = {"version": "4", "groupKey": f"{{}}:{{alertname={self.alertname!r}}}", "status": self.status}
+        (anomaly,) = alertmanager_webhook(json.dumps({**body, "alerts": [alert]}).encode())
+        return anomaly
 
 
 @dataclass(frozen=True)
@@ -95,7 +127,7 @@ class Timeline:
     """Pushes and steps on one cluster, and the notifications wanted until ``end``."""
 
     name: str
-    pushes: Sequence[Push]
+    pushes: Sequence[Push | WebhookPush]
     wants: Sequence[Want]
     end: float
     steps: Sequence[Step] = ()
@@ -177,11 +209,11 @@ async def play(pipeline: Pipeline, timeline: Timeline) -> None:
     if timeline.setup is not None:
         await timeline.setup()
     timeline.start = time.time()
-    events: list[tuple[float, int, Push | Step]] = [(p.at, 0, p) for p in timeline.pushes]
+    events: list[tuple[float, int, Push | WebhookPush | Step]] = [(p.at, 0, p) for p in timeline.pushes]
     events += [(s.at, 1, s) for s in timeline.steps]
     for at, _, item in sorted(events, key=lambda e: (e[0], e[1])):
         await asyncio.sleep(max(0.0, timeline.start + at - time.time()))  # schedule, not synchronise
-        if isinstance(item, Push):
+        if isinstance(item, Push | WebhookPush):
             anomaly = item.anomaly(timeline.cluster, timeline.start)
             await pipeline.topics.anomalies.send(key=anomaly.key().encode(), value=anomaly.to_bytes())
         else:

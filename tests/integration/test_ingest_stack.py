@@ -265,7 +265,7 @@ receivers:
     )
     assert anomaly.severity == "critical" and anomaly.status == "firing"
     assert anomaly.evidence["annotations"] == {"summary": "XID 79 on GPU 3"}
-    assert anomaly.fingerprint.startswith("alertmanager:") and anomaly.fingerprint.endswith(":firing")
+    assert anomaly.fingerprint == "alertmanager:" + anomaly.evidence["alertmanager_fingerprint"]
 
 
 def test_the_same_webhook_posted_twice_gives_one_anomaly(kafka_ready: None, settings: Settings) -> None:

@@ -117,7 +117,7 @@ def test_prompt_echo_and_webhook_attacks_decide_no_action_and_say_why(kafka_read
             with KafkaPublisher(settings) as publisher:
                 for record in loki_json(loki_push(now)):
                     publisher.publish(record)
-                for _, anomaly in alertmanager_webhook(webhook(now)):
+                for anomaly in alertmanager_webhook(webhook(now)):
                     publisher.publish(anomaly)
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline:

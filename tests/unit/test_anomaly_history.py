@@ -8,8 +8,9 @@ import json
 import pytest
 
 from pipelines.correlate.history import AnomalyHistory, alert_fingerprint
-from pipelines.correlate.model import alert_labels, fingerprint
+from pipelines.correlate.model import alert_labels
 from services.core.events import Anomaly
+from services.core.fingerprint import label_fingerprint
 from services.store.anomalies import DROPPED_KEY, anomaly_row, bounded_evidence
 
 
@@ -36,7 +37,7 @@ def test_a_queued_anomaly_carries_the_fingerprint_of_the_alert_it_updates() -> N
 
     assert history.full()
     batch = history.take()
-    assert [a.fingerprint for a in batch] == [fingerprint(alert_labels(plain)), "alertmanager:abc"]
+    assert [a.fingerprint for a in batch] == [label_fingerprint(alert_labels(plain)), "alertmanager:abc"]
     assert alert_fingerprint(plain) == batch[0].fingerprint
     assert len(history) == 0 and history.take() == []
 

@@ -15,9 +15,10 @@ import pytest
 from pipelines.correlate.config import loads_routing
 from pipelines.correlate.engine import Engine
 from pipelines.correlate.errors import SilenceError
-from pipelines.correlate.model import Notification, fingerprint
+from pipelines.correlate.model import Notification
 from pipelines.correlate.silences import Silence, Silences
 from services.core.events import Anomaly
+from services.core.fingerprint import label_fingerprint
 
 RECEIVERS = """
 receivers:
@@ -99,12 +100,13 @@ class Timeline:
 # ---------------------------------------------------------------------------------- alerts
 
 
-def test_fingerprint_is_alertmanagers_fnv_of_the_sorted_label_set():
-    assert fingerprint({}) == "cbf29ce484222325"  # FNV-1a 64 offset basis: the empty label set
-    a = fingerprint({"alertname": "x", "node": "n1"})
-    assert a == fingerprint({"node": "n1", "alertname": "x"})
-    assert a != fingerprint({"alertname": "x", "node": "n2"})
-    assert len(a) == 16
+def test_an_alert_without_a_producer_fingerprint_is_identified_by_its_alert_labels():
+    eng = engine()
+    eng.ingest(anomaly(ts=0, labels={"node": "n1"}), 0)
+    (alert,) = eng.alerts.values()
+    assert alert.fingerprint == label_fingerprint(alert.labels)
+    eng.ingest(anomaly(ts=10, labels={"node": "n1"}, status="resolved"), 10)
+    assert list(eng.alerts) == [alert.fingerprint] and alert.status == "resolved" and alert.ends_at == 10
 
 
 def test_same_fingerprint_updates_one_alert():

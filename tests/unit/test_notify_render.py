@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from pipelines.correlate.config import loads_routing
-from pipelines.correlate.model import Notification, fingerprint
+from pipelines.correlate.model import Notification
 from services.core.events import AlertRef, Diagnosis, Hypothesis, RemediationEvent
+from services.core.fingerprint import label_fingerprint
 from services.notify.errors import PayloadTooLarge
 from services.notify.ledger import idempotency_key
 from services.notify.plan import plan
@@ -34,7 +35,7 @@ def alert(i: int, status: str = "firing", evidence: dict[str, Any] | None = None
     base = {"alertname": "gpu_xid", "node": "gpu-node-1", "UUID": f"GPU-{i:04d}", "gpu": str(i), "severity": "critical"}
     base.update(labels)
     return AlertRef(
-        fingerprint=fingerprint(base),
+        fingerprint=label_fingerprint(base),
         entity=base["UUID"],
         signal=base["alertname"],
         detector="xid_catalog",

@@ -85,7 +85,7 @@ def webhook(labels: dict[str, str]) -> bytes:
 
 
 def test_webhook_alerts_are_trusted_for_nothing() -> None:
-    ((_, anomaly),) = alertmanager_webhook(webhook({"alertname": "gpu_xid", "node": NODE, "xid": "79"}))
+    (anomaly,) = alertmanager_webhook(webhook({"alertname": "gpu_xid", "node": NODE, "xid": "79"}))
     assert anomaly.provenance.source == "alertmanager_webhook"
     assert anomaly.provenance.trusted == ()
 

@@ -1,7 +1,7 @@
 """Alertmanager API v2 rendering: ``POST /api/v2/alerts`` takes a list of postable alerts.
 
-Each alert carries ``labels`` (its identity: Alertmanager fingerprints them the way ClusterMedic
-does), ``annotations``, ``startsAt``, ``endsAt`` and ``generatorURL``. A firing alert gets
+Each alert carries ``labels`` (its identity; Alertmanager computes its own fingerprint of them),
+``annotations``, ``startsAt``, ``endsAt`` and ``generatorURL``. A firing alert gets
 ``endsAt = ts + resolve_after`` when the config sets ``resolve_after`` (like Prometheus' own pushes, so
 the alert resolves by itself if ClusterMedic goes quiet); without it Alertmanager applies its own
 ``resolve_timeout``. A resolved alert gets ``endsAt`` = the notification time. Label values and
