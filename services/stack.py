@@ -9,8 +9,10 @@ started. What this module adds is the ClusterMedic view of it:
 * ``up`` writes ``.run/stack/supervisord.conf``, starts supervisord on a unix socket only the user can
   open, and waits until every role is ready (running for a few seconds, and answering ``/healthz``
   for the HTTP roles). A role that cannot start is named with the last lines of its log, and the
-  others are stopped cleanly.
-* ``status`` shows each role's state, PID, uptime, restarts and readiness, and why it last exited.
+  others are stopped cleanly. A role whose required setting is unset (the events watch without a
+  kubeconfig) is not started: ``up`` says so in one line and goes on.
+* ``status`` shows each role's state, PID, uptime, restarts and readiness, and why it last exited
+  (or why it was skipped).
 * ``logs [ROLE]`` prints the logs with a coloured role prefix (``-f`` follows them).
 * ``down`` stops the roles and supervisord (by its PID file).
 
@@ -24,6 +26,7 @@ Errors::
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -58,6 +61,8 @@ class Role:
         what: one line for ``status``.
         env: settings this role needs besides the stack's (two Faust workers need two web ports).
         ready_log: a line the role logs once it is ready (Faust's, Celery's, the consumer loop's).
+        requires: the settings attribute naming a file the role cannot run without; unset, the stack
+            skips the role (``status`` says why) instead of starting one that can only fail.
     """
 
     name: str
@@ -66,10 +71,12 @@ class Role:
     what: str = ""
     env: tuple[tuple[str, str], ...] = ()
     ready_log: str = ""
+    requires: str = ""
 
 
 # pipelines.app.PipelineWorker prints "ready: <role> pipeline ..." once its agents run; Celery logs
-# "<node> ready."; services.core.consumer logs "ready: <role> consumes <topic>".
+# "<node> ready."; services.core.consumer logs "ready: <role> consumes <topic>"; the events watch logs
+# "ready: events watch follows <server>" once its first list is published.
 ROLES: tuple[Role, ...] = (
     Role("ingest", ("ingest", "serve"), "ingest_port", "receivers: remote_write, Loki push, Alertmanager webhook"),
     Role(
@@ -102,6 +109,15 @@ ROLES: tuple[Role, ...] = (
         ready_log=r"celery\.apps\.worker: \S+ ready\.",
     ),
     Role("api", ("api", "serve"), "api_port", "HTTP API: incidents, approvals, silences"),
+    # Only with an explicit kubeconfig: the watcher alone would fall back to ~/.kube/config, which on a
+    # developer's machine usually names some real cluster that nobody asked this stack to watch.
+    Role(
+        "events",
+        ("ingest", "watch-k8s"),
+        what="Kubernetes events watch -> telemetry.events.v1",
+        ready_log="ready: events watch follows",
+        requires="ingest_k8s_kubeconfig",
+    ),
 )
 ROLES_BY_NAME: dict[str, Role] = {r.name: r for r in ROLES}
 
@@ -110,6 +126,7 @@ ROLES_BY_NAME: dict[str, Role] = {r.name: r for r in ROLES}
 START_SECS = 3
 START_RETRIES = 4
 STOP_WAIT_SECS = 15
+SKIPPED = "SKIPPED"  # the state ``status`` shows for a role ``up`` did not start
 
 
 @dataclass(frozen=True)
@@ -123,6 +140,11 @@ class RoleStatus:
     restarts: int
     ready: bool
     last_exit: str
+
+    @property
+    def skipped(self) -> bool:
+        """Whether ``up`` did not start the role (``last_exit`` says why)."""
+        return self.state == SKIPPED
 
 
 class Stack:
@@ -155,11 +177,32 @@ class Stack:
         self.sock = self.dir / "supervisor.sock"
         self.pidfile = self.dir / "supervisord.pid"
         self.logs = self.dir / "logs"
+        self.skipped_file = self.dir / "skipped.json"
 
     # ------------------------------------------------------------------ configuration
 
+    def skipped(self) -> dict[str, str]:
+        """The roles ``up`` does not start, each with why: the setting it requires is unset.
+
+        Raises:
+            StackError: a required setting names a file that does not exist (a typo in a path is a
+                mistake to fix, not a role to leave out quietly).
+        """
+        out = {}
+        for role in self.roles:
+            if not role.requires:
+                continue
+            value = getattr(self.settings, role.requires)
+            variable = _variable(role.requires)
+            if not value:
+                out[role.name] = f"not configured: {variable} is unset"
+            elif not Path(value).is_file():
+                raise StackError(f"role {role.name}: {variable}={value} is no file")
+        return out
+
     def config_text(self) -> str:
-        """supervisord's configuration: one program per role, each in its own process group."""
+        """supervisord's configuration: one program per role it starts, each in its own process group."""
+        skipped = self.skipped()
         lines = [
             "; written by `medic stack up`; rewritten on every start",
             "[unix_http_server]",
@@ -182,7 +225,12 @@ class Stack:
             "",
         ]
         for role in self.roles:
+            if role.name in skipped:
+                continue
             argv = [sys.executable, "-m", "services.cli", *role.argv]
+            env = list(role.env)
+            if role.requires:  # the file checked here, absolute: the role runs in another directory
+                env.append((_variable(role.requires), str(Path(getattr(self.settings, role.requires)).resolve())))
             lines += [
                 f"[program:{role.name}]",
                 f"command={' '.join(_quote(a) for a in argv)}",
@@ -196,7 +244,7 @@ class Stack:
                 "killasgroup=true",
                 "redirect_stderr=true",
                 f"stdout_logfile={self.logs / (role.name + '.log')}",
-                *([f"environment={','.join(f'{k}={_quote(v)}' for k, v in role.env)}"] if role.env else []),
+                *([f"environment={','.join(f'{k}={_quote(v)}' for k, v in env)}"] if env else []),
                 "stdout_logfile_maxbytes=20MB",
                 "stdout_logfile_backups=1",
                 "",
@@ -221,9 +269,15 @@ class Stack:
             raise StackError(
                 f"a stack is already running (supervisord PID {_read_pid(self.pidfile)}): `medic stack down` first"
             )
+        skipped = self.skipped()
+        if len(skipped) == len(self.roles):
+            raise StackError(f"no role to start: {'; '.join(f'{n} {why}' for n, why in skipped.items())}")
         self.logs.mkdir(parents=True, exist_ok=True)
         Path(self.env["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, exist_ok=True)
         self.conf.write_text(self.config_text())
+        self.skipped_file.write_text(json.dumps(skipped))  # what `status` shows for them
+        for name, why in skipped.items():
+            say(f"skipped: {name} ({why})")
         for role in self.roles:  # this start's logs only: status counts restarts from them
             (self.logs / f"{role.name}.log").unlink(missing_ok=True)
         (self.dir / "supervisord.log").unlink(missing_ok=True)
@@ -254,7 +308,7 @@ class Stack:
                 if failed:
                     self._abort(failed[0], "could not start")
                 if all(s.ready for s in statuses):
-                    return statuses
+                    return statuses + self._skipped_statuses()
             if time.monotonic() > deadline:
                 late = [s for s in (statuses or []) if not s.ready]
                 if late:
@@ -295,7 +349,7 @@ class Stack:
     # ------------------------------------------------------------------ views
 
     def status(self) -> list[RoleStatus]:
-        """Each role's state.
+        """Each role's state; a role ``up`` skipped is :data:`SKIPPED`, with why in ``last_exit``.
 
         Raises:
             StackError: no stack is running.
@@ -303,7 +357,14 @@ class Stack:
         statuses = self._statuses_or_none()
         if statuses is None:
             raise StackError("no stack is running: `medic stack up` starts one")
-        return statuses
+        return statuses + self._skipped_statuses()
+
+    def _skipped_statuses(self) -> list[RoleStatus]:
+        try:
+            skipped: dict[str, str] = json.loads(self.skipped_file.read_text())
+        except (OSError, ValueError):
+            return []
+        return [RoleStatus(name, SKIPPED, 0, 0.0, 0, False, why) for name, why in skipped.items()]
 
     def _statuses_or_none(self) -> list[RoleStatus] | None:
         try:
@@ -423,6 +484,10 @@ class Stack:
 
         transport = SupervisorTransport(None, None, f"unix://{self.sock}")
         return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+
+
+def _variable(setting: str) -> str:
+    return f"CLUSTERMEDIC_{setting.upper()}"
 
 
 def _quote(arg: str) -> str:

@@ -42,7 +42,9 @@ def up_cmd(
     except StackError as exc:
         _fail(exc)
         return
-    typer.echo(f"[stack] {len(statuses)} roles ready; logs: medic stack logs -f; stop: medic stack down", err=True)
+    ready, skipped = sum(s.ready for s in statuses), sum(s.skipped for s in statuses)
+    note = f" ({skipped} skipped)" if skipped else ""
+    typer.echo(f"[stack] {ready} roles ready{note}; logs: medic stack logs -f; stop: medic stack down", err=True)
 
 
 @app.command("down")
@@ -53,7 +55,7 @@ def down_cmd() -> None:
 
 @app.command("status")
 def status_cmd() -> None:
-    """Each role's state, PID, uptime, restarts, readiness and last exit."""
+    """Each role's state, PID, uptime, restarts, readiness and last exit (or why `up` skipped it)."""
     try:
         statuses = _stack().status()
     except StackError as exc:
@@ -67,11 +69,11 @@ def status_cmd() -> None:
             str(s.pid or ""),
             f"{s.uptime_s:.0f} s" if s.uptime_s else "",
             str(s.restarts),
-            "yes" if s.ready else "no",
+            "yes" if s.ready else "-" if s.skipped else "no",
             s.last_exit,
         )
     Console().print(table)
-    if not all(s.ready for s in statuses):
+    if not all(s.ready or s.skipped for s in statuses):
         raise typer.Exit(1)
 
 

@@ -12,6 +12,9 @@ The protocol, as the API server speaks it:
 
 Auth: in-cluster config when running in a pod, else a kubeconfig (``ingest_k8s_kubeconfig`` or
 ``~/.kube/config``).
+
+Once the first list is published the watcher logs ``ready: events watch follows <server> ...``, once
+per process (``medic stack`` counts one ready line per start).
 """
 
 from __future__ import annotations
@@ -99,6 +102,11 @@ class EventWatcher:
         self.resource_version = ""
         self.relists = 0
         self.reconnects = 0
+        self.ready = False
+        version = "core/v1" if api_group == "core" else "events.k8s.io/v1"
+        self._follows = (
+            f"{api.configuration.host} ({version}, {f'namespace {namespace}' if namespace else 'all namespaces'})"
+        )
 
     def stop(self) -> None:
         """Stop after the current watch request (closes its connection)."""
@@ -113,6 +121,9 @@ class EventWatcher:
             try:
                 if not self.resource_version:
                     self.relist()  # an API server not up yet, or gone a while, is retried, not fatal
+                    if not self.ready:
+                        self.ready = True
+                        log.info("ready: events watch follows %s", self._follows)
                 self.watch_once()
             except ApiException as exc:
                 if exc.status == 410:

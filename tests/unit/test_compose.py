@@ -184,9 +184,18 @@ def test_service_urls_point_at_compose_services(compose: dict[str, Any], service
     assert f"//{env['CLUSTERMEDIC_KAFKA_BOOTSTRAP']}" in advertised
 
 
-def test_simulator_only_in_demo_profile(services: dict[str, Any]) -> None:
-    assert services["simulator"]["profiles"] == ["demo"]
-    assert [name for name, s in services.items() if "profiles" in s] == ["simulator"]
+def test_only_the_simulator_and_the_events_watch_wait_for_a_profile(services: dict[str, Any]) -> None:
+    # the events watch needs a kubeconfig, which a plain `docker compose up` cannot assume
+    assert {name: s["profiles"] for name, s in services.items() if "profiles" in s} == {
+        "simulator": ["demo"],
+        "events": ["kubernetes"],
+    }
+    (mount,) = services["events"]["volumes"]
+    assert mount["type"] == "bind" and mount["read_only"] is True
+    assert mount["source"].startswith("${EVENTS_KUBECONFIG:-")  # the user's file, wherever it is
+    # where the watcher looks without CLUSTERMEDIC_INGEST_K8S_KUBECONFIG: the medic user's home (Dockerfile)
+    assert mount["target"] == "/var/lib/clustermedic/.kube/config"
+    assert "--home-dir /var/lib/clustermedic" in (ROOT / "Dockerfile").read_text(encoding="utf-8")
 
 
 def test_published_ports(services: dict[str, Any]) -> None:
@@ -463,6 +472,25 @@ def test_k8s_rbac_grants_exactly_the_minimum(k8s_objects: list[dict[str, Any]]) 
         for subject in binding["subjects"]:
             assert subject["name"] in accounts
             assert subject["namespace"] == accounts[subject["name"]]["metadata"]["namespace"]
+
+
+def test_k8s_events_watch_runs_once_with_an_account_that_only_reads_events(k8s_objects: list[dict[str, Any]]) -> None:
+    deployments = _by_kind(k8s_objects, "Deployment")
+    spec = deployments["clustermedic-events"]["spec"]
+    # a second watcher, even for the length of a rolling update, publishes every event twice
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    account = spec["template"]["spec"]["serviceAccountName"]
+    users = [n for n, d in deployments.items() if d["spec"]["template"]["spec"].get("serviceAccountName") == account]
+    assert users == ["clustermedic-events"], "the events account is the events watch's alone"
+    roles = _by_kind(k8s_objects, "ClusterRole")
+    bound = [
+        b["roleRef"]["name"]
+        for b in _by_kind(k8s_objects, "ClusterRoleBinding").values()
+        if any(subject["name"] == account for subject in b["subjects"])
+    ]
+    rules = [rule for name in bound for rule in roles[name]["rules"]]
+    assert rules and all(r["resources"] == ["events"] and set(r["verbs"]) == {"get", "list", "watch"} for r in rules)
+    assert {g for r in rules for g in r["apiGroups"]} == {"", "events.k8s.io"}  # both ingest_k8s_api choices
 
 
 # --- documentation ------------------------------------------------------------------------------------

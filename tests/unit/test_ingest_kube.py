@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -127,8 +128,9 @@ def api_server() -> Iterator[tuple[_Api, str]]:
 
 
 def test_watcher_survives_a_drop_and_a_410_without_losing_or_repeating_an_event(
-    api_server: tuple[_Api, str],
+    api_server: tuple[_Api, str], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="services.ingest.kube")
     api, url = api_server
     configuration = client.Configuration(host=url)
     received: list[KubeEvent | DeadLetter] = []
@@ -155,6 +157,9 @@ def test_watcher_survives_a_drop_and_a_410_without_losing_or_repeating_an_event(
     first = events[0]
     assert first.type == "Warning" and first.node == "gpu-node-1" and first.source_component == "kubelet"
     assert first.key() == "Pod/serving/pod-e1"
+    # one ready line per process, however often it relists: `medic stack` counts one per start
+    ready = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready:")]
+    assert ready == [f"ready: events watch follows {url} (core/v1, all namespaces)"]
 
 
 def test_events_k8s_io_v1_objects_normalise_like_core_ones() -> None:
@@ -179,7 +184,8 @@ def test_events_k8s_io_v1_objects_normalise_like_core_ones() -> None:
     assert event.message.startswith("Node gpu-node-2") and event.ts % 60 == pytest.approx(1.5)
 
 
-def test_a_failing_first_list_is_retried_instead_of_ending_the_watcher() -> None:
+def test_a_failing_first_list_is_retried_instead_of_ending_the_watcher(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="services.ingest.kube")
     # the API server answers 503 at first (starting, overloaded): watch-k8s used to exit on it
     lists: list[int] = []
 
@@ -220,6 +226,10 @@ def test_a_failing_first_list_is_retried_instead_of_ending_the_watcher() -> None
         thread = threading.Thread(target=watcher.run, kwargs={"backoff_s": 0.05}, daemon=True)
         thread.start()
         poll(lambda: received, 30, what="the event of the second list")
+        assert watcher.ready  # from the list that got through, and logged once
+        assert [r.getMessage() for r in caplog.records].count(
+            f"ready: events watch follows {configuration.host} (core/v1, all namespaces)"
+        ) == 1
         watcher.stop()
         thread.join(10)
     finally:
