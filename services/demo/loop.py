@@ -4,8 +4,12 @@ What runs (every process is started here and stopped at the end, by PID):
 
 * ``medic sim serve``: the cluster (the ``demo`` scenario: an XID 79 GPU loss, KV-cache exhaustion
   under a burst, a bad rollout, rising ECC errors) at ``--speed`` simulated seconds per wall second;
-* a real Prometheus (``infra/local/prometheus.sh``) scraping the simulator's ``/metrics`` with its own
-  timestamps and remote-writing to ingest with the ingest token;
+* ``medic ingest scrape`` reading the simulator's ``/metrics``, stamped with simulated time, into Kafka;
+* a real Prometheus (``infra/local/prometheus.sh``) scraping the same ``/metrics``, for PromQL while the
+  demo runs. It stamps samples with its own (wall) time and does not feed ClusterMedic: Prometheus'
+  remote_write sends only samples newer than its own start, and its TSDB refuses samples an hour
+  older than its newest, so simulated time running 30 times faster than the wall clock cannot pass
+  through it (at ``--speed 1`` it could; see docs/demo.md);
 * ``medic ingest watch-k8s`` following the simulator's Kubernetes events API;
 * ``medic stack``: ingest, detect, correlate, diagnostician, remediator, worker, API (every role of
   production), with the remediation actuator pointed at the simulator's control API;
@@ -40,7 +44,7 @@ from services.core.errors import ConfigError
 from services.core.paths import REPO_ROOT
 from services.core.settings import Settings
 from services.notify.standin import PAGERDUTY, ROUTING_KEY, SLACK_WEBHOOK, WEBHOOK, VendorServer
-from services.stack import Stack
+from services.stack import ROLES, Stack
 
 SCRAPE_INTERVAL_SIM_S = 15.0  # a DCGM exporter's usual scrape interval, in simulated seconds
 APPROVAL_PAUSE_S = 8.0  # wall seconds the demo "thinks" before it approves a level-2 run
@@ -188,27 +192,18 @@ def write_configs(run_dir: Path, ports: Ports, vendor_url: str, speed: float) ->
     remediation_path = run_dir / "remediation.yaml"
     remediation_path.write_text(yaml.safe_dump(remediation, sort_keys=False))
 
-    interval_ms = max(100, round(SCRAPE_INTERVAL_SIM_S / speed * 1000))
+    interval_ms = scrape_interval_ms(speed)
     prometheus = {
         "global": {"scrape_interval": f"{interval_ms}ms", "external_labels": {"cluster": "demo"}},
         "scrape_configs": [
             {
                 "job_name": "simulated-cluster",
                 "honor_labels": True,
-                "honor_timestamps": True,  # event time is the simulator's, not the scrape's
+                # wall time: simulated time (hours behind the wall clock at 30x) would be refused as too old
+                "honor_timestamps": False,
                 "scrape_interval": f"{interval_ms}ms",
                 "scrape_timeout": f"{interval_ms}ms",
                 "static_configs": [{"targets": [f"127.0.0.1:{ports.sim}"]}],
-            }
-        ],
-        "remote_write": [
-            {
-                "url": f"http://127.0.0.1:{ports.ingest}/api/v1/write",
-                "authorization": {"credentials_file": str(secrets_dir / "ingest-token")},
-                "write_relabel_configs": [
-                    {"source_labels": ["__name__"], "regex": "DCGM_FI_.*|vllm:.*", "action": "keep"}
-                ],
-                "queue_config": {"batch_send_deadline": "1s", "max_samples_per_send": 5000},
             }
         ],
     }
@@ -222,6 +217,11 @@ def write_configs(run_dir: Path, ports: Ports, vendor_url: str, speed: float) ->
         "pagerduty_url": pagerduty_url,
         "secrets": secrets_dir,
     }
+
+
+def scrape_interval_ms(speed: float) -> int:
+    """Wall milliseconds between scrapes that make :data:`SCRAPE_INTERVAL_SIM_S` simulated seconds."""
+    return max(100, round(SCRAPE_INTERVAL_SIM_S / speed * 1000))
 
 
 def _wait_http(url: str, timeout_s: float, what: str, alive: Callable[[], bool]) -> None:
@@ -251,7 +251,12 @@ def running_demo(
     env = demo_env(settings, ports, tokens, files)
     procs = Processes()
     stack = Stack(
-        settings.model_copy(update={"ingest_port": ports.ingest, "api_port": ports.api}), run_dir=run_dir, env=env
+        settings.model_copy(update={"ingest_port": ports.ingest, "api_port": ports.api}),
+        run_dir=run_dir,
+        env=env,
+        # the demo follows the simulator's events API itself (below), through the kubeconfig sim serve writes:
+        # an events role would watch whatever cluster the shell's CLUSTERMEDIC_INGEST_K8S_KUBECONFIG names
+        roles=tuple(r for r in ROLES if r.name != "events"),
     )
     prometheus_env = {
         **env,
@@ -281,7 +286,17 @@ def running_demo(
             env,
             run_dir / "logs" / "watch-k8s.log",
         )
-        say("starting Prometheus: scraping the simulator, remote_write to ingest")
+        procs.start(
+            "scrape",
+            [
+                sys.executable, "-m", "services.cli", "ingest", "scrape",
+                "--target", f"http://127.0.0.1:{ports.sim}/metrics", "--job", "simulated-cluster",
+                "--interval", f"{scrape_interval_ms(config.speed) / 1000:g}",
+            ],
+            env,
+            run_dir / "logs" / "scrape.log",
+        )  # fmt: skip
+        say(f"starting Prometheus on http://127.0.0.1:{ports.prometheus}: scraping the simulator for PromQL")
         started = subprocess.run(
             ["bash", prometheus_script, "start"], env=prometheus_env, capture_output=True, text=True, timeout=180
         )

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -329,6 +330,11 @@ class Scraper:
         max_bytes: largest exposition read.
         max_samples: most samples per MetricBatch.
         clock: wall clock (seconds), for sample timestamps.
+
+    An exporter that stamps its own samples (the simulator, a federated Prometheus) answers the same
+    sample again when it is scraped faster than it updates. As Prometheus does, a sample is sent only
+    when it is newer than the last one sent for its series; the repeats are counted in
+    ``clustermedic_ingest_duplicates_total``. The memory is the last scrape's series of each target.
     """
 
     receiver = "scrape"
@@ -354,6 +360,7 @@ class Scraper:
         self._max_bytes = max_bytes
         self._max_samples = max_samples
         self._clock = clock
+        self._last_ts: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
 
     def poll(self) -> int:
         """Scrape every target once, several at a time; return how many samples Kafka acknowledged.
@@ -408,6 +415,9 @@ class Scraper:
                 receiver=self.receiver, source=f"scrape:{url}", key=url, raw=answer.body, error=exc
             )
             return 0
+        series, seen, repeated = self._newer_only(url, series)
+        if repeated:
+            metrics.duplicates.labels(self.receiver).inc(repeated)
         check = self._delivery.time_check(started)
         batches, dropped = normalise.metric_batches(series, source="scrape", max_samples=self._max_samples, check=check)
         try:
@@ -416,6 +426,7 @@ class Scraper:
             log.warning("scrape %s: not published, retried next scrape: %s", url, exc)
             metrics.throttled.labels(self.receiver).inc()
             return 0
+        self._last_ts[url] = seen  # only once Kafka has them: a throttled scrape is sent again next time
         accepted = sum(len(b.samples) for b in batches)
         self._delivery.refused(
             check, receiver=self.receiver, source=f"scrape:{url}", key=url, total=len(series), what="samples"
@@ -424,6 +435,24 @@ class Scraper:
         if dropped:
             metrics.dropped.labels(self.receiver).inc(dropped)
         return accepted
+
+    def _newer_only(
+        self, url: str, series: list[Series]
+    ) -> tuple[list[Series], dict[tuple[tuple[str, str], ...], float], int]:
+        """Each series' samples newer than the last one sent, the newest timestamps, and the repeats."""
+        before = self._last_ts.get(url, {})
+        now: dict[tuple[tuple[str, str], ...], float] = {}
+        kept: list[Series] = []
+        repeated = 0
+        for labels, samples in series:
+            key = tuple(sorted(labels.items()))
+            last = before.get(key, -math.inf)
+            fresh = [(value, ts) for value, ts in samples if ts > last]
+            repeated += len(samples) - len(fresh)
+            now[key] = max([last, *(ts for _, ts in samples)])
+            if fresh:
+                kept.append((labels, fresh))
+        return kept, now, repeated
 
 
 # ------------------------------------------------------------------------- Prometheus query_range

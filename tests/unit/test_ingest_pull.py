@@ -133,6 +133,30 @@ def test_scraper_publishes_one_batch_per_entity_stamped_with_the_scrape_time(
     assert not publisher.deadletters()
 
 
+def test_a_sample_the_exporter_stamped_is_sent_once_however_often_it_is_scraped(
+    delivery: tuple[Delivery, MemoryPublisher],
+) -> None:
+    # the simulator stamps its samples with simulated time and is scraped faster than it updates
+    sink, publisher = delivery
+    stamp = {"ts": 1_700_000_000_000}
+
+    def metrics(request: httpx.Request) -> httpx.Response:
+        text = f'vllm:kv_cache_usage_perc{{pod="p-0"}} 0.97 {stamp["ts"]}\nvllm:num_requests_running{{pod="p-0"}} 3\n'
+        return httpx.Response(200, text=text, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    clock = Clock(1_800_000_000.0)
+    scraper = Scraper(["http://sim:18080/metrics"], sink, client=_client(metrics), clock=clock)
+    assert scraper.poll() == 2
+    clock.now += 0.5
+    assert scraper.poll() == 1  # the stamped sample did not change; the unstamped one gets the new scrape time
+    stamp["ts"] += 15_000
+    clock.now += 0.5
+    assert scraper.poll() == 2
+    kv = [(s[4], s[5]) for s in _samples(publisher) if s[2] == "vllm:kv_cache_usage_perc"]
+    assert kv == [(0.97, 1_700_000_000.0), (0.97, 1_700_000_015.0)]
+    assert sink.metrics.duplicates.labels("scrape")._value.get() == 1
+
+
 @pytest.mark.parametrize(
     ("status", "content_type", "body", "reason"),
     [
