@@ -41,7 +41,14 @@ from services.core.events import Citation, Diagnosis, Hypothesis, IncidentEvent
 from services.core.settings import Settings
 from services.diagnostician.diagnostician import Diagnostician, RankerDiagnostician
 from services.diagnostician.kb import SearchHit
-from services.diagnostician.ranker import ALWAYS_ALLOWED, RunbookIndex, allowed_actions, playbook_params
+from services.diagnostician.ranker import (
+    ALWAYS_ALLOWED,
+    PLAYBOOK_PARAMS,
+    RunbookIndex,
+    allowed_actions,
+    fillable,
+    playbook_params,
+)
 from services.diagnostician.runbooks import PLAYBOOK_DEFAULT_LEVELS, Runbook
 from services.diagnostician.tools import Evidence
 
@@ -350,13 +357,18 @@ class LLMDiagnostician(Diagnostician):
         notes = list(fallback.notes)
         if answer.proposed_playbook is not None and playbook is None:
             notes.append(_dropped_note(answer.proposed_playbook, allowed))
+        params = playbook_params(playbook, evidence)  # targets from the topology labels, whatever the model wrote
+        if playbook in PLAYBOOK_PARAMS and PLAYBOOK_PARAMS[playbook] and not fillable(playbook, evidence):
+            notes.append(
+                f"{playbook}: the incident's own telemetry does not give its parameters ({params}); not proposed"
+            )
+            playbook, level, params = None, None, {}
         return Diagnosis(
             incident_id=incident.incident_id,
             diagnostician=self.name,
             hypotheses=tuple(hypotheses),
             proposed_playbook=playbook,
-            # targets come from the topology labels, whatever the model wrote
-            proposed_params=playbook_params(playbook, evidence),
+            proposed_params=params,
             level=level,
             notes=tuple(dict.fromkeys(notes)),
             latency_ms=round((time.perf_counter() - started) * 1000, 3),

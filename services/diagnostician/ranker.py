@@ -44,7 +44,14 @@ from services.core.events import FACT_TOPOLOGY, AlertRef, Citation, Hypothesis, 
 from services.diagnostician.documents import default_knowledge_dir
 from services.diagnostician.kb import SearchHit
 from services.diagnostician.runbooks import PLAYBOOK_DEFAULT_LEVELS, Runbook, load_runbooks
-from services.diagnostician.tools import GPU_FAULT_SIGNALS, Evidence, condense, deployment_of, topology_of
+from services.diagnostician.tools import (
+    GPU_FAULT_SIGNALS,
+    Evidence,
+    condense,
+    deployment_of_pod,
+    topology_of,
+)
+from services.remediation.catalog import playbook_catalog
 
 WEIGHTS: dict[str, float] = {"anomalies": 1.0, "xid": 2.0, "logs": 0.8, "events": 0.6, "metrics": 0.3, "scope": 0.4}
 # Signals of the learned detectors and log novelty say "something is odd", not what: every runbook
@@ -62,22 +69,9 @@ MAX_HYPOTHESES = 5
 _TOKEN = re.compile(r"[A-Za-z0-9_.:/-]+")
 _PLACEHOLDER = re.compile(r"<[^<>\s]*>")
 
-# Which topology labels each playbook acts on (its parameters, filled from the incident).
-PLAYBOOK_PARAMS: dict[str, tuple[str, ...]] = {
-    "restart_pod": ("pod", "namespace"),
-    "rollout_restart": ("deployment", "model", "namespace"),
-    "drain_replica": ("pod", "model", "namespace"),
-    "reduce_max_num_seqs": ("deployment", "model", "namespace"),
-    "switch_variant": ("deployment", "model", "namespace"),
-    "scale_replicas": ("deployment", "model", "namespace"),
-    "cordon_node": ("node",),
-    "uncordon_node": ("node",),
-    "drain_node": ("node",),
-    "reset_gpu": ("node", "gpu"),
-    "reboot_node": ("node",),
-    "rollback_deployment": ("deployment", "model", "namespace"),
-    "page_oncall": (),
-}
+# Which target parameters each playbook takes (filled from the incident's topology labels), from the
+# playbook classes themselves (services.remediation.catalog).
+PLAYBOOK_PARAMS: dict[str, tuple[str, ...]] = {name: info.targets for name, info in playbook_catalog().items()}
 
 
 @dataclass(frozen=True)
@@ -276,7 +270,9 @@ def rank(
     out: list[Hypothesis] = []
     for s in top:
         if s.runbook is not None:
-            first = s.runbook.playbooks[0]
+            # the runbook's first playbook acting on a target the incident's own telemetry can fill the
+            # parameters of (a page is never chosen in place of an action that cannot be filled)
+            first = next((p for p in s.runbook.playbooks if fillable(p.name, evidence)), s.runbook.playbooks[0])
             s.playbook, s.level = first.name, first.level
             s.summary = s.summary or s.runbook.title
             if not any(c.doc_id == s.runbook.id for c in s.citations):
@@ -368,16 +364,40 @@ def playbook_params(playbook: str | None, evidence: Evidence) -> dict[str, Any]:
     pods: list[str] = []
     for alert in own_alerts(evidence.incident):
         topo = topology_of(alert.labels)
+        # a playbook's gpu is a UUID; DCGM's "gpu" label is the device index
+        uuid = alert.labels.get("UUID") or alert.labels.get("gpu_uuid") or ""
+        if not uuid and alert.entity.startswith("GPU-"):
+            uuid = alert.entity
+        if uuid:
+            topo["gpu"] = uuid
+        else:
+            topo.pop("gpu", None)
         for key in wanted:
             if key in topo and key not in params:
                 params[key] = topo[key]
         if topo.get("pod"):
             pods.append(topo["pod"])
-    named = [p for p in pods if len(p.rsplit("-", 2)) == 3 and all(p.rsplit("-", 2))]
-    if "deployment" in wanted and not ({"deployment", "model"} & params.keys()) and named:
+    named = [d for d in map(deployment_of_pod, pods) if d]
+    if "deployment" in wanted and "deployment" not in params and named:
         # vLLM pods carry no deployment label; a Deployment's pod name does (<deployment>-<hash>-<suffix>)
-        params["deployment"] = deployment_of(named[0])
+        params["deployment"] = named[0]
+    if params.get("node"):
+        params.pop("gpu", None)  # the node names the target; its GPU would only be looked up again
+    info = playbook_catalog().get(playbook)
+    if info is not None and params:
+        params.update(info.proposed)
     return params
+
+
+def fillable(playbook: str, evidence: Evidence) -> bool:
+    """Whether the playbook acts on a target and :func:`playbook_params` gives parameters it accepts."""
+    info = playbook_catalog().get(playbook)
+    if info is None or not info.targets:
+        return False
+    params = playbook_params(playbook, evidence)
+    if info.targets and not params.keys() & (set(info.targets) - {"namespace"}):
+        return False
+    return not info.params_error(params)
 
 
 NOT_CORROBORATED_NOTE = (
@@ -392,6 +412,7 @@ NO_GPU_SOURCE_NOTE = (
     "a GPU fault not reported by a trusted GPU source (DCGM, NVML, the node's kernel log); no node or GPU action"
 )
 NO_TARGET_NOTE = "no target for {playbook} in telemetry ClusterMedic collected; no automatic action"
+UNFILLED_PARAMS_NOTE = "cannot propose {problem}; no automatic action"
 # Playbooks acting on a node or a GPU (derived from the parameters they take).
 NODE_GPU_PLAYBOOKS = frozenset(name for name, keys in PLAYBOOK_PARAMS.items() if {"node", "gpu"} & set(keys))
 
@@ -443,8 +464,11 @@ def review_action(top: Hypothesis | None, evidence: Evidence, index: RunbookInde
     if playbook in NODE_GPU_PLAYBOOKS and _gpu_fault_cause(top.cause, index) and not _trusted_gpu_fact(evidence):
         reasons.append(NO_GPU_SOURCE_NOTE)
     params = playbook_params(playbook, evidence)
-    if PLAYBOOK_PARAMS.get(playbook) and not params:
+    info = playbook_catalog().get(playbook)
+    if PLAYBOOK_PARAMS.get(playbook) and not (params.keys() & set(PLAYBOOK_PARAMS[playbook]) - {"namespace"}):
         reasons.append(NO_TARGET_NOTE.format(playbook=playbook))
+    elif info is not None and (problem := info.params_error(params)):
+        reasons.append(UNFILLED_PARAMS_NOTE.format(problem=problem))
     for reason in reasons:
         if reason not in notes:
             notes.append(reason)

@@ -31,25 +31,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from services.core.errors import ConfigError
+from services.remediation.catalog import playbook_levels
 
-# Playbook registry names with their default level (1 automatic, 2 needs approval, 3 page a human).
-# A runbook may ask for a *higher* level than the default (more caution), never a lower one: the level
-# is a guardrail and a markdown file must not be able to switch it off.
-PLAYBOOK_DEFAULT_LEVELS: dict[str, int] = {
-    "restart_pod": 1,
-    "rollout_restart": 1,
-    "drain_replica": 1,
-    "reduce_max_num_seqs": 1,
-    "switch_variant": 2,
-    "scale_replicas": 1,
-    "cordon_node": 1,
-    "uncordon_node": 1,
-    "drain_node": 2,
-    "reset_gpu": 2,
-    "reboot_node": 2,
-    "rollback_deployment": 2,
-    "page_oncall": 3,
-}
+# Playbook registry names with their default level (1 automatic, 2 needs approval, 3 page a human),
+# read from the playbook classes. A runbook may ask for a *higher* level than the default (more
+# caution), never a lower one: the level is a guardrail and a markdown file must not be able to switch it off.
+PLAYBOOK_DEFAULT_LEVELS: dict[str, int] = playbook_levels()
 
 # Signal names the detectors emit on ``anomalies.v1`` (``Anomaly.signal``).
 ANOMALY_SIGNALS: frozenset[str] = frozenset(

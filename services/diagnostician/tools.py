@@ -677,6 +677,22 @@ def deployment_of(pod: str) -> str:
     return parts[0] if len(parts) == 3 and parts[0] else pod
 
 
+# Kubernetes names a Deployment's pods <deployment>-<pod-template-hash>-<suffix>, both generated from
+# this alphabet (no vowels, no 0, 1, 3): the hash up to 10 characters (a uint32's digits), the suffix 5.
+_K8S_NAME_CHARS = "[bcdfghjklmnpqrstvwxz2456789]"
+_DEPLOYMENT_POD = re.compile(rf"(?P<deployment>[a-z0-9][a-z0-9.-]*)-{_K8S_NAME_CHARS}{{1,10}}-{_K8S_NAME_CHARS}{{5}}")
+
+
+def deployment_of_pod(pod: str) -> str:
+    """The Deployment a pod name names, only when it has a Deployment pod's shape ("" otherwise).
+
+    Stricter than :func:`deployment_of`: an action's target comes from it, and ``llama-70b-0`` (a
+    StatefulSet's pod) must not become the Deployment ``llama``.
+    """
+    match = _DEPLOYMENT_POD.fullmatch(pod)
+    return match["deployment"] if match else ""
+
+
 def replica_sets(alerts: Iterable[AlertRef]) -> dict[str, set[str]]:
     """Pod-template hashes seen per deployment among the alerts' pods (firing or resolved).
 

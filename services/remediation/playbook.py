@@ -39,6 +39,9 @@ class Playbook:
     name: ClassVar[str] = ""
     level: ClassVar[int] = 3
     Params: ClassVar[type[PlaybookParams]] = PlaybookParams
+    # Parameters a diagnosis proposes besides the targets it fills from topology labels: only relative
+    # ones that need no knowledge of the current state ("one more replica"); see services.remediation.catalog.
+    proposed: ClassVar[dict[str, Any]] = {}
 
     def parse(self, raw: dict[str, Any]) -> PlaybookParams:
         """Validate raw parameters.

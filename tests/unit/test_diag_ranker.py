@@ -161,5 +161,18 @@ def test_ranker_diagnosis_proposes_the_top_playbook_with_params() -> None:
     assert diagnosis.diagnostician == "ranker"
     assert diagnosis.proposed_playbook == "cordon_node" and diagnosis.level == 1
     assert diagnosis.proposed_params == {"node": "h100-a-07"}
+    # a StatefulSet-style pod name (llama-0) names no Deployment: nothing to scale, and the note says so
     kv = doctor.diagnose(CASES[3][1])
-    assert kv.proposed_playbook == "scale_replicas" and kv.proposed_params == {"model": "llama-70b"}
+    assert kv.proposed_playbook is None and kv.hypotheses[0].cause == "kv_cache_exhaustion"
+    assert "no target for scale_replicas in telemetry ClusterMedic collected; no automatic action" in kv.notes
+    pod = "llama-70b-7c9d8f6b5b-x2x4k"
+    labels = {"node": "h100-a-07", "pod": pod, "model": "llama-70b", "namespace": "serving"}
+    burst = incident(
+        alert("kv_cache_saturation", entity=pod, labels=labels, kv_cache_usage=0.99),
+        alert("preemption_storm", entity=pod, labels=labels, preemptions_in_window=40),
+        alert("queue_saturation", entity=pod, labels=labels, waiting=80, running=10),
+    )
+    kv = doctor.diagnose(burst)
+    # one more replica of the Deployment the pod name gives; the model label is no parameter of any playbook
+    assert kv.proposed_playbook == "scale_replicas"
+    assert kv.proposed_params == {"deployment": "llama-70b", "namespace": "serving", "by": 1}

@@ -15,6 +15,7 @@ from services.diagnostician.llm import LLMDiagnostician
 from services.diagnostician.ranker import RunbookIndex, allowed_actions, runbook_index
 
 T0 = 1_760_000_000.0
+POD = "llama-70b-7c9d8f6b5b-x2x4k"  # a Deployment pod: <deployment>-<pod-template-hash>-<suffix>
 # vLLM metrics ClusterMedic scraped itself: believed for topology (so the ranker may act), not GPU faults
 SCRAPED = Provenance(source="prometheus", stream="scrape", trusted=("topology",))
 
@@ -90,11 +91,11 @@ def doctor(answer: dict[str, Any]) -> LLMDiagnostician:
 
 
 def kv_incident() -> IncidentEvent:
-    labels = {"node": "h100-a-02", "pod": "llama-70b-0", "model": "llama-70b", "namespace": "serving"}
+    labels = {"node": "h100-a-02", "pod": POD, "model": "llama-70b", "namespace": "serving"}
     alerts = tuple(
         AlertRef(
             fingerprint=f"rules:{signal}",
-            entity="llama-70b-0",
+            entity=POD,
             signal=signal,
             detector="rules",
             severity="warning",
@@ -130,10 +131,17 @@ def test_an_obedient_models_riskier_playbook_is_refused_and_its_hypotheses_carry
 
 
 def test_a_supported_playbook_keeps_the_runbook_level_and_topology_targets() -> None:
-    d = doctor(answer("kv_cache_exhaustion", "switch_variant", 1)).diagnose(kv_incident())
-    assert (d.proposed_playbook, d.level) == ("switch_variant", 2), "raised to the runbook's level, never lower"
-    assert d.proposed_params == {"model": "llama-70b", "namespace": "serving"}
+    d = doctor(answer("kv_cache_exhaustion", "reduce_max_num_seqs", 1)).diagnose(kv_incident())
+    assert (d.proposed_playbook, d.level) == ("reduce_max_num_seqs", 1)
+    assert d.proposed_params == {"deployment": "llama-70b", "namespace": "serving", "factor": 0.5}
     assert d.hypotheses[0].playbook == "scale_replicas"
+
+
+def test_a_playbook_whose_parameters_telemetry_cannot_give_is_not_proposed() -> None:
+    # switch_variant needs a variant: no label names one, and the model's word is not taken for it
+    d = doctor(answer("kv_cache_exhaustion", "switch_variant", 1)).diagnose(kv_incident())
+    assert d.proposed_playbook is None and d.proposed_params == {}
+    assert any("switch_variant" in n and "not proposed" in n for n in d.notes)
 
 
 def test_page_oncall_is_always_allowed() -> None:

@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from services.diagnostician.runbooks import PLAYBOOK_DEFAULT_LEVELS
 from services.remediation.actuators.base import Actuator, ObjectKind
 from services.remediation.config import load_config
 from services.remediation.errors import ParamsError
@@ -19,7 +18,7 @@ class MemoryActuator(Actuator):
     """A tiny in-memory world: enough for prechecks and checks."""
 
     name = "memory"
-    operations = frozenset({"cordon_node", "uncordon_node", "drain_node", "reboot_node", "scale"})
+    operations = frozenset({"cordon_node", "uncordon_node", "drain_node", "reboot_node", "scale", "set_max_num_seqs"})
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], dict[str, Any]] = {
@@ -42,12 +41,10 @@ class MemoryActuator(Actuator):
 
 def test_every_registered_playbook_and_actuator_loads_and_names_match_the_runbooks():
     registry = playbook_registry()
-    assert set(registry.names()) == set(PLAYBOOK_DEFAULT_LEVELS)
     for name in registry:
         cls = registry.load(name)
         assert issubclass(cls, Playbook)
         assert cls.name == name, f"{cls.__name__}.name is {cls.name!r}, registered as {name!r}"
-        assert cls.level == PLAYBOOK_DEFAULT_LEVELS[name]
         assert len(cls.description()) > 40, f"{name} needs a docstring humans and the LLM can read"
     for name in actuator_registry():
         assert issubclass(actuator_registry().load(name), Actuator)
@@ -98,9 +95,25 @@ def test_precheck_refuses_what_the_actuator_cannot_do_and_what_is_already_so():
     scale = load_playbook(playbook_registry(), "scale_replicas")
     assert not scale.precheck(scale.parse({"deployment": "llama", "replicas": 2}), act).ok
     pre = scale.precheck(scale.parse({"deployment": "llama", "replicas": 4}), act)
-    assert pre.ok and pre.observed == {"replicas": 2}
+    assert pre.ok and pre.observed == {"replicas": 2, "target": 4}
     rb = scale.rollback(scale.parse({"deployment": "llama", "replicas": 4}), pre.observed)
     assert rb[0].action is not None and rb[0].action.params == {"replicas": 2}
+
+
+def test_a_relative_scale_counts_from_the_current_replicas():
+    # what a diagnosis proposes: one more replica, whatever the count is now
+    act = MemoryActuator()
+    scale = load_playbook(playbook_registry(), "scale_replicas")
+    params = scale.parse({"deployment": "llama", **scale.proposed})
+    pre = scale.precheck(params, act)
+    assert pre.ok and pre.observed == {"replicas": 2, "target": 3}
+    step = scale.steps(params, pre.observed)[0]
+    assert step.action is not None and step.action.params == {"replicas": 3}
+    assert step.verify is not None and step.verify.params == {"replicas": 3}
+    assert not scale.precheck(scale.parse({"deployment": "llama", "by": -3}), act).ok
+    for both_or_neither in ({"deployment": "llama"}, {"deployment": "llama", "replicas": 3, "by": 1}):
+        with pytest.raises(ParamsError, match="exactly one"):
+            scale.parse(both_or_neither)
 
 
 def test_shared_checks_read_the_normalised_views():
@@ -168,3 +181,26 @@ def test_uncordon_rollback_cordons_again_only_a_node_that_was_cordoned_before():
     act.objects[("node", "n1")]["schedulable"] = False
     rb = pb.rollback(params, pb.precheck(params, act).observed)
     assert [s.action.op for s in rb if s.action] == ["cordon_node"]
+
+
+def test_a_relative_max_num_seqs_halves_the_current_value():
+    act = MemoryActuator()
+    reduce = load_playbook(playbook_registry(), "reduce_max_num_seqs")
+    params = reduce.parse({"deployment": "llama", **reduce.proposed})
+    pre = reduce.precheck(params, act)
+    assert pre.ok and pre.observed == {"max_num_seqs": 256, "target": 128}
+    step = reduce.steps(params, pre.observed)[0]
+    assert step.action is not None and step.action.params == {"max_num_seqs": 128}
+    assert not reduce.precheck(reduce.parse({"deployment": "llama", "max_num_seqs": 300}), act).ok
+
+
+def test_every_playbook_accepts_what_a_diagnosis_proposes_for_it():
+    # the catalog's targets and proposed parameters are read from the classes: together they validate
+    from services.remediation.catalog import playbook_catalog
+
+    values = {"pod": "llama-0", "deployment": "llama", "node": "n1", "gpu": "GPU-1", "namespace": "serving"}
+    for name, info in playbook_catalog().items():
+        params = {k: values[k] for k in info.targets} | dict(info.proposed)
+        problem = info.params_error(params)
+        assert not problem or name == "switch_variant", problem  # a variant cannot be guessed
+        assert info.level == load_playbook(playbook_registry(), name).level

@@ -13,7 +13,7 @@ from services.diagnostician.ranker import NOT_CORROBORATED_NOTE, playbook_params
 from services.diagnostician.tools import XID_TEXT_NOTE, gather_evidence
 
 T0 = 1_760_000_000.0
-NODE, POD, GPU = "h100-a-07", "vllm-llama-7d9f-abcde", "GPU-5d4c3b2a-0000-1111-2222-333344445555"
+NODE, POD, GPU = "h100-a-07", "vllm-llama-7d9f-x2x4k", "GPU-5d4c3b2a-0000-1111-2222-333344445555"
 KERNEL = Provenance(source="kernel_log", stream='{unit="kernel"}', trusted=("gpu_fault", "topology"))
 DCGM = Provenance(source="dcgm", stream="scrape", trusted=("gpu_fault", "topology"))
 APP = Provenance(source="app_log", stream='{pod="vllm"}', trusted=("topology",))
