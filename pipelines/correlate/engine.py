@@ -23,7 +23,9 @@ What happens to an anomaly:
 
 Beside the notification path, active alerts are linked into **incidents**: an alert joins the open
 incident holding an alert on the same GPU -> node -> pod -> model path seen within the topology
-window, else opens one (muted alerts join but never open). Incident changes are
+window, else opens one (muted alerts join but never open). A GPU or node alert joins an incident
+through its pod or model alerts only while the incident is younger than the window: hardware faults
+show in serving within moments, so one that appears later is a new fault. Incident changes are
 :class:`IncidentEvent` values (opened, updated, mitigated, resolved).
 
 Timers (resolve timeout, flap end, escalation, incident resolution, group flushes) fire in time
@@ -65,6 +67,8 @@ from pipelines.correlate.topology import LEVELS, Topology, anchor, tokens
 from services.core.events import SEVERITY_RANK, Anomaly, IncidentEvent
 
 Anchor = tuple[str, frozenset[str]]
+HARDWARE_LEVELS = frozenset({"gpu", "node"})
+"""Topology levels of hardware faults; pods and models are where their symptoms show."""
 
 STATE_VERSION = 1
 # How long a notification log entry outlives its group (Alertmanager's default data retention).
@@ -641,6 +645,11 @@ class Engine:
                 if not recent:
                     continue
                 theirs = self._anchor_of(member)
+                if mine[0] in HARDWARE_LEVELS and theirs[0] not in HARDWARE_LEVELS and at - inc.opened_at > topo.window:
+                    # A GPU or node fault causes serving symptoms within moments: one found longer than
+                    # the window after them is a new fault beside them (ECC errors on the node of a bad
+                    # rollout's replicas), not their cause.
+                    continue
                 # With topology off, only alerts about the very same entity share an incident.
                 if theirs == mine or (topo.enabled and self.topology.related(mine, theirs)):
                     return inc

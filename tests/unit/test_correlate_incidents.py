@@ -189,6 +189,29 @@ def test_a_related_alert_after_the_window_opens_a_new_incident():
     assert joined.kind == "updated"
 
 
+def test_a_gpu_fault_long_after_serving_symptoms_on_its_node_is_a_new_incident():
+    # a bad rollout's replica keeps failing on the node; ECC errors start on a GPU there much later
+    def rollout_incident() -> Engine:
+        eng = engine(resolve="1h")
+        eng.observe_topology({"UUID": GPU, "Hostname": NODE}, 0)
+        eng.ingest(crashloop(0), 0)
+        return eng
+
+    def ecc(ts: float) -> Anomaly:
+        return anomaly("ecc_sbe_rate", GPU, "gpu", ts, severity="critical", labels={"UUID": GPU, "Hostname": NODE})
+
+    (late,) = incident_events(rollout_incident().ingest(ecc(601), 601))
+    assert late.kind == "opened" and [a.signal for a in late.alerts] == ["ecc_sbe_rate"]
+    # within the window it may be their cause (an XID's log line can arrive after the pod's crash)
+    (early,) = incident_events(rollout_incident().ingest(ecc(599), 599))
+    assert early.kind == "updated" and len(early.alerts) == 2
+    # the other way round is unchanged: serving symptoms join a GPU's incident whenever they appear
+    eng = engine(resolve="1h")
+    eng.ingest(xid(0), 0)
+    (symptom,) = incident_events(eng.ingest(crashloop(1800), 1800))
+    assert symptom.kind == "updated"
+
+
 # --------------------------------------------------------------------------------- lifecycle
 
 
