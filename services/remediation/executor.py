@@ -121,6 +121,8 @@ class Executor:
         decision = plan_from_diagnosis(
             diagnosis, self.config.policy, self.playbooks, state=self.store.guardrail_state(now), now=now
         )
+        if diagnosis.proposed_playbook and decision.playbook:
+            self._supersede(decision, now)
         if decision.outcome in ("execute", "await_approval", "page") and decision.playbook:
             # an incident is re-diagnosed on every update: the same remedy for the same incident and
             # target is one run, not one per update (and one approval request, one page)
@@ -147,6 +149,21 @@ class Executor:
         if decision.outcome == "execute":
             self.dispatcher.execute(run_id)
         return run_id, decision
+
+    def _supersede(self, decision: Decision, now: float) -> None:
+        """Withdraw the incident's approval requests for another remedy than the one now proposed.
+
+        An incident is re-diagnosed as its alerts arrive; a request an engineer approves must still be
+        what ClusterMedic believes. The withdrawn run ends ``expired``, with the new proposal as the reason.
+        """
+        assert decision.playbook is not None
+        for run_id in self.store.stale_approvals(decision.incident_id, decision.playbook, decision.params):
+            detail = f"superseded: the diagnosis of {decision.incident_id} now proposes {decision.playbook}"
+            if self.store.withdraw_approval(run_id, now) and self.store.transition(
+                run_id, ["awaiting_approval"], "expired", detail=detail, now=now, finished=True
+            ):
+                self.store.audit(run_id, "system", "superseded", {"playbook": decision.playbook, **decision.params})
+                self._event(run_id, "expired", detail=detail)
 
     def approve(self, run_id: str, *, approver: str, channel: str, comment: str = "") -> RunRow:
         """Approve a level-2 run and start it.

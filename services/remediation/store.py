@@ -260,6 +260,25 @@ class RunStore:
         )
         return str(rows[0]["run_id"]) if rows else None
 
+    def stale_approvals(self, incident_id: str, playbook: str, params: dict[str, Any]) -> list[str]:
+        """Runs of the incident awaiting approval for another playbook or other params than these."""
+        rows = self._q(
+            """SELECT run_id FROM remediation_runs
+               WHERE incident_id = %s AND status = 'awaiting_approval' AND NOT (playbook = %s AND params = %s)
+               ORDER BY created_at""",
+            (incident_id, playbook, Jsonb(params)),
+        )
+        return [str(r["run_id"]) for r in rows]
+
+    def withdraw_approval(self, run_id: str, now: float) -> bool:
+        """Expire a pending approval now, whatever its deadline; False when it was not pending."""
+        rows = self._q(
+            """UPDATE approvals SET status = 'expired', decided_at = to_timestamp(%s)
+               WHERE run_id = %s AND status = 'pending' RETURNING run_id""",
+            (now, run_id),
+        )
+        return bool(rows)
+
     def get_run(self, run_id: str) -> RunRow | None:
         """The run, or None."""
         rows = self._q(f"SELECT {_RUN_COLS} FROM remediation_runs WHERE run_id = %s", (run_id,))

@@ -146,3 +146,32 @@ def test_medic_approve_cli(setup, monkeypatch):
     assert ex.store.get_approval(run_id).channel == "cli" and dispatcher.started == [run_id]
     again = CliRunner().invoke(cli.app, ["approve", run_id, "--approver", "dave"])
     assert again.exit_code == 1
+
+
+def test_a_request_the_incident_no_longer_needs_is_withdrawn_and_cannot_be_approved(setup):
+    # the first diagnosis of an incident asks to reboot the node; with more alerts it proposes a cordon
+    ex, dispatcher, clock, client = setup
+    first = level2(ex)
+    incident = ex.store.get_run(first).incident_id
+    same = Diagnosis(
+        incident_id=incident,
+        diagnostician="llm",
+        hypotheses=(Hypothesis(cause="gpu_xid_79", confidence=0.8),),
+        proposed_playbook="reboot_node",
+        proposed_params={"node": "gpu-node-000"},
+        ts=clock.now,
+    )
+    assert ex.submit(same)[0] == first and ex.store.get_run(first).status == "awaiting_approval"
+    clock.now += 5
+    changed = same.model_copy(update={"proposed_playbook": "cordon_node", "ts": clock.now})
+    cordon, decision = ex.submit(changed)
+    assert decision.outcome == "execute" and dispatcher.started == [cordon]
+    withdrawn = ex.store.get_run(first)
+    assert (
+        withdrawn.status == "expired"
+        and withdrawn.detail == f"superseded: the diagnosis of {incident} now proposes cordon_node"
+    )
+    assert ex.store.get_approval(first).status == "expired"
+    resp = client.post(f"/remediation/runs/{first}/approve", json={"approver": "alice"})
+    assert resp.status_code == 409 and dispatcher.started == [cordon]
+    assert [a["action"] for a in client.get(f"/remediation/runs/{first}").json()["audit"]][-1] == "superseded"
