@@ -598,7 +598,7 @@ def demo(
 
     out = Console(width=max(Console().width, 140))
     try:
-        rows = run_demo(_settings(), DemoConfig(scenario=scenario, seed=seed, speed=speed, approve=approve), out)
+        rows = run_demo(_settings(), DemoConfig(scenario=scenario, seed=seed, speed=speed, approve=approve), out).rows
     except ClusterMedicError as exc:
         console.print(f"[red]demo failed: {exc}")
         raise typer.Exit(1) from exc

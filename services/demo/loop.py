@@ -61,6 +61,8 @@ class DemoConfig:
         run_dir: where configuration, logs and state go (default ``.run/demo``).
         approve: approve level-2 runs through the API (as a human would, after a pause).
         timeout_s: wall seconds the whole run may take once the stack is up.
+        on_tick: called about twice a second while the cluster runs, with the stack and the view
+            (tests use it to kill a role mid-run).
     """
 
     scenario: str = "demo"
@@ -69,6 +71,22 @@ class DemoConfig:
     run_dir: Path = field(default_factory=lambda: REPO_ROOT / ".run" / "demo")
     approve: bool = True
     timeout_s: float = 600.0
+    on_tick: Callable[[Stack, Any], None] | None = None
+
+
+@dataclass
+class DemoResult:
+    """What one demo run did.
+
+    Attributes:
+        rows: one per planted fault (the summary table).
+        database_url: the run's own database (incidents, diagnoses, runs, steps, audit), kept after it.
+        actions: the simulator's record of every action request (``GET /actions``), oldest first.
+    """
+
+    rows: list[FaultRow]
+    database_url: str
+    actions: list[dict[str, Any]]
 
 
 @dataclass
@@ -291,7 +309,8 @@ def running_demo(
             [
                 sys.executable, "-m", "services.cli", "ingest", "scrape",
                 "--target", f"http://127.0.0.1:{ports.sim}/metrics", "--job", "simulated-cluster",
-                "--interval", f"{scrape_interval_ms(config.speed) / 1000:g}",
+                # twice per exporter update, so that no update is missed whatever the phase (repeats are dropped)
+                "--interval", f"{scrape_interval_ms(config.speed) / 2000:g}",
             ],
             env,
             run_dir / "logs" / "scrape.log",
@@ -321,6 +340,7 @@ class FaultRow:
     action: str
     recovered_after_s: float | None
     slo_impact: str
+    incident_id: str = ""  # the fault's own incident (the one holding its earliest alert), "" if none
 
     @property
     def mitigated(self) -> bool:
@@ -343,6 +363,7 @@ def fault_rows(faults: list[dict[str, Any]], view: Any) -> list[FaultRow]:
                 action=run,
                 recovered_after_s=view.recovered_after(f),
                 slo_impact=view.slo_impact(f),
+                incident_id=next(iter(view.incidents_of(f)), ""),
             )
         )
     return rows
@@ -353,8 +374,8 @@ def write_summary(rows: list[FaultRow], path: Path) -> None:
     path.write_text(json.dumps([r.__dict__ | {"mitigated": r.mitigated} for r in rows], indent=2) + "\n")
 
 
-def run_demo(settings: Settings, config: DemoConfig, console: Any) -> list[FaultRow]:
-    """Run the closed loop (see the module docstring) and return one row per planted fault.
+def run_demo(settings: Settings, config: DemoConfig, console: Any) -> DemoResult:
+    """Run the closed loop (see the module docstring): one row per planted fault, and where to read more.
 
     Raises:
         ConfigError: a process would not start, or a role died during the run.
@@ -396,10 +417,13 @@ def run_demo(settings: Settings, config: DemoConfig, console: Any) -> list[Fault
                         finished_at = finished_at or time.monotonic()
                         if time.monotonic() - finished_at > 15:  # the last events reach the topics
                             break
+                    if config.on_tick is not None:
+                        config.on_tick(stack, view)
                     live.update(view.render())
                     time.sleep(0.5)
                 live.update(view.render())
             faults = sim.get("/faults").json()
+            actions = sim.get("/actions").json()
             view.gpu_node = {uuid: str(gpu["node"]) for uuid, gpu in sim.get("/state").json().get("gpus", {}).items()}
         finally:
             view.stop()
@@ -414,7 +438,7 @@ def run_demo(settings: Settings, config: DemoConfig, console: Any) -> list[Fault
         write_summary(rows, config.run_dir / "summary.json")
         pages = len(vendor.to(PAGERDUTY))
         say(f"[demo] notifications: {len(vendor.to(SLACK_WEBHOOK))} to Slack, {pages} to PagerDuty")
-    return rows
+    return DemoResult(rows, str(settings.database_url), actions)
 
 
 def _answer_runs(
@@ -444,6 +468,13 @@ def _answer_runs(
             )
     for run_id, due in list(approvals.items()):
         if due and now >= due:
+            with view.lock:
+                current = view.runs.get(run_id)
+            if current is not None and current.status != "awaiting_approval":
+                # withdrawn meanwhile (the diagnosis changed its mind), or already answered
+                view.say(f"{run_id} no longer waits for approval ({current.status}): not approved")
+                approvals[run_id] = 0.0
+                continue
             answer = api.post(
                 f"/api/v1/remediation/runs/{run_id}/approve",
                 json={"approver": "demo-oncall", "comment": "approved by make demo after reading the diagnosis"},

@@ -77,7 +77,8 @@ class LiveView:
         self.rate: deque[tuple[float, int]] = deque(maxlen=20)
         self.anomalies: list[Anomaly] = []
         self.incidents: dict[str, IncidentEvent] = {}
-        self.diagnoses: dict[str, Diagnosis] = {}
+        self.diagnoses: dict[str, Diagnosis] = {}  # the latest of each incident
+        self.diagnosis_log: dict[str, list[Diagnosis]] = {}  # every one, in arrival order
         self.runs: dict[str, RunView] = {}
         self.scores: deque[tuple[float, float]] = deque(maxlen=600)
         self.sim: dict[str, Any] = {}
@@ -142,6 +143,7 @@ class LiveView:
                 self.incidents[event.incident_id] = event
             elif isinstance(event, Diagnosis):
                 self.diagnoses[event.incident_id] = event
+                self.diagnosis_log.setdefault(event.incident_id, []).append(event)
             elif isinstance(event, RemediationEvent):
                 run = self.runs.setdefault(
                     event.run_id,
@@ -181,8 +183,12 @@ class LiveView:
         starts = [a.starts_at for _, a in self._matching_alerts(fault)]
         return round(min(starts) - onset, 1) if starts and onset is not None else None
 
-    def _incidents_of(self, fault: dict[str, Any]) -> list[str]:
-        return list(dict.fromkeys(i.incident_id for i, _ in self._matching_alerts(fault)))
+    def incidents_of(self, fault: dict[str, Any]) -> list[str]:
+        """The incidents holding the fault's alerts, its own first (the one with its earliest alert)."""
+        first: dict[str, float] = {}
+        for incident, alert in self._matching_alerts(fault):
+            first[incident.incident_id] = min(first.get(incident.incident_id, alert.starts_at), alert.starts_at)
+        return sorted(first, key=lambda i: (first[i], i))
 
     def recovered_after(self, fault: dict[str, Any]) -> float | None:
         """Simulated seconds from onset until the SLO score is back after a successful run.
@@ -197,7 +203,7 @@ class LiveView:
             return float(fault["resolved_at"]) - float(started)  # an action repaired it
         done = [
             r.succeeded_at
-            for i in self._incidents_of(fault)
+            for i in self.incidents_of(fault)
             for r in self.runs.values()
             if r.incident_id == i and r.succeeded_at is not None
         ]
@@ -209,17 +215,27 @@ class LiveView:
         return round(min(back) - float(started), 1) if back else None
 
     def diagnosis_for(self, fault: dict[str, Any]) -> str:
-        """The top hypothesis of the fault's incident, with its confidence."""
-        for incident_id in self._incidents_of(fault):
-            d = self.diagnoses.get(incident_id)
-            if d is not None and d.hypotheses:
-                top = d.hypotheses[0]
-                return f"{top.cause} ({top.confidence:.0%})"
+        """The root cause ClusterMedic acted on for the fault's own incident, with its confidence.
+
+        That is the latest diagnosis proposing the playbook of the incident's best run (succeeded
+        first, see :data:`RUN_RANK`); without a run, the incident's latest diagnosis.
+        """
+        for incident_id in self.incidents_of(fault):
+            log = [d for d in self.diagnosis_log.get(incident_id, []) if d.hypotheses]
+            if not log:
+                continue
+            runs = sorted(
+                (r for r in self.runs.values() if r.incident_id == incident_id and r.status not in ("blocked", "")),
+                key=lambda r: RUN_RANK.get(r.status, 9),
+            )
+            acted = [d for d in log if runs and d.proposed_playbook == runs[0].playbook]
+            top = (acted or log)[-1].hypotheses[0]
+            return f"{top.cause} ({top.confidence:.0%})"
         return "-"
 
     def run_for(self, fault: dict[str, Any]) -> str:
         """The remediations of the fault's incidents that did something, best outcome first."""
-        incidents = set(self._incidents_of(fault))
+        incidents = set(self.incidents_of(fault))
         runs = [r for r in self.runs.values() if r.incident_id in incidents and r.status not in ("blocked", "")]
         runs.sort(key=lambda r: RUN_RANK.get(r.status, 9))
         shown = list(dict.fromkeys(f"{r.playbook} (L{r.level}): {r.status}" for r in runs))
@@ -228,7 +244,7 @@ class LiveView:
     def paged(self, fault: dict[str, Any]) -> bool:
         """Whether the fault's incident was handed to a human (a level-3 run)."""
         return any(
-            r.status == "paged" for i in self._incidents_of(fault) for r in self.runs.values() if r.incident_id == i
+            r.status == "paged" for i in self.incidents_of(fault) for r in self.runs.values() if r.incident_id == i
         )
 
     def slo_impact(self, fault: dict[str, Any]) -> str:

@@ -2,7 +2,9 @@
 
 Routes: ``GET /state``, ``GET /clock`` (``t`` and ``now`` = epoch + t: the remediation executor's event
 time, without a state snapshot), ``GET /faults``, ``GET /grade``, ``POST /actions/{kind}`` with
-``{"target": ..., "params": {...}}``, ``POST /advance?seconds=N``, ``POST /faults/{id}/detected``;
+``{"target": ..., "params": {...}}``, ``GET /actions`` (every action request so far, accepted or not,
+oldest first: what an audit of the cluster would show), ``POST /advance?seconds=N``,
+``POST /faults/{id}/detected``;
 ``GET /healthz`` and ``GET /metrics`` (``clustermedic_insecure_listener{role="simulator"}``).
 
 The control routes act on the cluster and reveal the planted faults (the grader's ground truth), so
@@ -90,6 +92,11 @@ def create_http_app(
     def grade() -> dict[str, Any]:
         with lock:
             return sim.grade().model_dump()
+
+    @app.get("/actions")
+    def actions() -> list[dict[str, Any]]:
+        with lock:
+            return [asdict(res) for res in sim.actions.log]
 
     @app.post("/actions/{kind}")
     def act(kind: str, body: ActionBody) -> dict[str, Any]:

@@ -163,7 +163,7 @@ def doctor(fake_openai: FakeOpenAI) -> LLMDiagnostician:
     return LLMDiagnostician(settings, ranker=RankerDiagnostician(settings, use_database=False))
 
 
-def ref(signal: str, entity: str = "llama-70b-0", detector: str = "rules", **evidence: Any) -> AlertRef:
+def ref(signal: str, entity: str = "llama-70b-7c9d8f6b5b-x2x4k", detector: str = "rules", **evidence: Any) -> AlertRef:
     return AlertRef(
         fingerprint=f"{signal}:{entity}",
         entity=entity,
@@ -225,7 +225,8 @@ def test_valid_answer_becomes_the_diagnosis(doctor: LLMDiagnostician, fake_opena
     assert [h.cause for h in diagnosis.hypotheses] == ["kv_cache_exhaustion", "long_context_burst"]
     assert [c.doc_id for c in diagnosis.hypotheses[0].citations] == ["serving-kv-cache-exhaustion"]
     assert (diagnosis.proposed_playbook, diagnosis.level) == ("scale_replicas", 1)
-    assert diagnosis.proposed_params == {"model": "llama-70b", "namespace": "serving"}
+    # targets from the topology labels (the Deployment from the pod's name), plus the playbook's own proposal
+    assert diagnosis.proposed_params == {"deployment": "llama-70b", "namespace": "serving", "by": 1}
 
     (request,) = fake_openai.requests
     system, user = (m["content"] for m in request["messages"])

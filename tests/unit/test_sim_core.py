@@ -352,6 +352,8 @@ def test_http_api() -> None:
     r = client.post("/actions/restart_pod", json={"target": faults[0]["entity"]})
     assert r.status_code == 200 and r.json()["accepted"]
     assert client.post("/actions/nope", json={}).status_code == 404
+    (logged,) = client.get("/actions").json()  # the unknown kind never reached the cluster
+    assert (logged["kind"], logged["target"], logged["accepted"]) == ("restart_pod", faults[0]["entity"], True)
     client.post("/advance", params={"seconds": 15})
     assert client.get("/faults").json()[0]["resolved_by"] == "restart"
     assert 0 <= client.get("/grade").json()["score"] <= 1
