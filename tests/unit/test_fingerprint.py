@@ -17,7 +17,7 @@ def test_detector_fingerprints_keep_the_values_stored_before() -> None:
 
 def test_a_label_set_has_one_fingerprint_whatever_its_order() -> None:
     a = label_fingerprint({"alertname": "x", "node": "n1"})
-    assert a == label_fingerprint({"node": "n1", "alertname": "x"}) == fingerprint("alertname", "x", "node", "n1")
+    assert a == label_fingerprint({"node": "n1", "alertname": "x"})
     assert a != label_fingerprint({"alertname": "x", "node": "n2"})
     assert len(a) == 16 and int(a, 16) >= 0
 
@@ -40,3 +40,9 @@ def test_a_delivery_key_tells_states_apart_and_redeliveries_not() -> None:
     # no fingerprint: detector, signal and entity stand for the identity
     anonymous = firing.model_copy(update={"fingerprint": ""})
     assert anonymous.delivery_key() != anonymous.model_copy(update={"entity": "GPU-2"}).delivery_key()
+
+
+def test_a_label_fingerprint_is_alertmanagers_fnv_of_the_sorted_label_set() -> None:
+    # Alertmanager names a pushed alert by this value: both sides must agree (test_notify_delivery)
+    assert label_fingerprint({}) == "cbf29ce484222325"  # FNV-1a 64 offset basis: the empty label set
+    assert label_fingerprint({"\ud800": "x"}) != label_fingerprint({"y": "x"})  # a lone surrogate still hashes
