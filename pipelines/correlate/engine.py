@@ -24,8 +24,9 @@ What happens to an anomaly:
 Beside the notification path, active alerts are linked into **incidents**: an alert joins the open
 incident holding an alert on the same GPU -> node -> pod -> model path seen within the topology
 window, else opens one (muted alerts join but never open). A GPU or node alert joins an incident
-through its pod or model alerts only while the incident is younger than the window: hardware faults
-show in serving within moments, so one that appears later is a new fault. Incident changes are
+through its pod or model alerts only while the incident is younger than the window (hardware faults
+show in serving within moments, so one that appears later is a new fault), and so does an alert
+related to the incident's members only as a neighbour on their node. Incident changes are
 :class:`IncidentEvent` values (opened, updated, mitigated, resolved).
 
 Timers (resolve timeout, flap end, escalation, incident resolution, group flushes) fire in time
@@ -645,13 +646,16 @@ class Engine:
                 if not recent:
                     continue
                 theirs = self._anchor_of(member)
-                if mine[0] in HARDWARE_LEVELS and theirs[0] not in HARDWARE_LEVELS and at - inc.opened_at > topo.window:
+                young = at - inc.opened_at <= topo.window
+                if mine[0] in HARDWARE_LEVELS and theirs[0] not in HARDWARE_LEVELS and not young:
                     # A GPU or node fault causes serving symptoms within moments: one found longer than
                     # the window after them is a new fault beside them (ECC errors on the node of a bad
                     # rollout's replicas), not their cause.
                     continue
-                # With topology off, only alerts about the very same entity share an incident.
-                if theirs == mine or (topo.enabled and self.topology.related(mine, theirs)):
+                # With topology off, only alerts about the very same entity share an incident. Two
+                # neighbours (GPUs or pods on one node, not on one chain) share one only while it is
+                # young: a node-wide cause hits its tenants together, not a quarter of an hour apart.
+                if theirs == mine or (topo.enabled and self.topology.related(mine, theirs, neighbours=young)):
                     return inc
         return None
 

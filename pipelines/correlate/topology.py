@@ -279,13 +279,13 @@ class Topology:
         table = self.gpu_node if level == "gpu" else self.pod_node if level == "pod" else {}
         return {table[t][0] for t in anchor_tokens if t in table}
 
-    def related(self, a: tuple[str, frozenset[str]], b: tuple[str, frozenset[str]]) -> bool:
+    def related(self, a: tuple[str, frozenset[str]], b: tuple[str, frozenset[str]], neighbours: bool = True) -> bool:
         """Whether two anchors belong to one failure domain.
 
         True when they lie on one GPU -> node -> pod -> model chain; when both are GPUs or pods on
-        the same node (one node is one failure domain); or when both are pods serving the same
-        model or deployment (a bad rollout crashes every replica). Anchors at the ``other`` level
-        relate only to the very same entity.
+        the same node (one node is one failure domain: *neighbours*, left out when ``neighbours`` is
+        False); or when both are pods serving the same model or deployment (a bad rollout crashes
+        every replica). Anchors at the ``other`` level relate only to the very same entity.
         """
         if a == b:
             return True
@@ -293,7 +293,7 @@ class Topology:
             return False
         if self.reach(a[0], a[1]) & b[1]:
             return True
-        if {a[0], b[0]} <= {"gpu", "pod"} and self._nodes_of(a[0], a[1]) & self._nodes_of(b[0], b[1]):
+        if neighbours and {a[0], b[0]} <= {"gpu", "pod"} and self._nodes_of(a[0], a[1]) & self._nodes_of(b[0], b[1]):
             return True
         return a[0] == b[0] == "pod" and bool(self._models_of(set(a[1])) & self._models_of(set(b[1])))
 

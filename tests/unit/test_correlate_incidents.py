@@ -212,6 +212,30 @@ def test_a_gpu_fault_long_after_serving_symptoms_on_its_node_is_a_new_incident()
     assert symptom.kind == "updated"
 
 
+def test_another_deployment_on_the_same_node_joins_only_while_the_incident_is_young():
+    # a KV-cache burst on one model's replica, then a bad rollout of another model's replica on the node
+    def burst_incident() -> Engine:
+        eng = engine(resolve="1h")
+        eng.ingest(crashloop(0), 0)
+        return eng
+
+    def rollout(ts: float) -> Anomaly:
+        other = "llama-70b-int4-7m6ppjfgdw-k4gft"
+        return anomaly("revision_regression", other, "pod", ts, labels={"pod": other, "node": NODE, "app": "int4"})
+
+    (late,) = incident_events(burst_incident().ingest(rollout(601), 601))
+    assert late.kind == "opened"
+    (early,) = incident_events(burst_incident().ingest(rollout(599), 599))  # a node-wide cause hits both at once
+    assert early.kind == "updated"
+    # replicas of one deployment stay one incident however late (a bad rollout crashes every replica)
+    eng = burst_incident()
+    sibling = POD.rsplit("-", 1)[0] + "-x2x4k"
+    (same,) = incident_events(
+        eng.ingest(anomaly("pod_crashloop", sibling, "pod", 1800, labels={"pod": sibling, "app": "vllm-llama"}), 1800)
+    )
+    assert same.kind == "updated"
+
+
 # --------------------------------------------------------------------------------- lifecycle
 
 
