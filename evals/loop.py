@@ -9,7 +9,7 @@ Every stage is the object the stack's role runs, fed without a broker (docs/eval
   as the diagnostician service does, and submitted to the remediation
   :class:`~services.remediation.executor.Executor` (``policy.plan_from_diagnosis``, the default
   ``infra/config/remediation.yaml``, a real :class:`~services.remediation.store.RunStore` on a
-  database of the evaluation's own);
+  database of the episode's own);
 * :class:`LoopDispatcher` stands in for Celery: it runs execute / act / verify / finish / rollback in
   order as simulated time reaches them (the same countdowns as ``CeleryDispatcher.chain``), and a
   verification still pending is tried again after the simulator advanced (Celery's backoff, 1 s doubling
@@ -318,19 +318,6 @@ def loop_database(settings: Settings) -> Iterator[Settings]:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-def _clear_runs(settings: Settings) -> None:
-    """Forget the previous episode's runs.
-
-    The store now stamps runs with the executor's clock (simulated time here), but every episode replays
-    the same simulated epoch: an earlier episode's runs sit at the same simulated times (and its
-    diagnoses give the same run ids), so they would count as recent and block this one.
-    """
-    from services.store.db import connect
-
-    with connect(settings, autocommit=True) as conn:
-        conn.execute("TRUNCATE remediation_audit, remediation_steps, approvals, remediation_runs CASCADE")
-
-
 # ------------------------------------------------------------------------------------ definitions
 
 
@@ -434,7 +421,11 @@ def run_episode(
     """Run the closed loop on one scenario and seed, the baselines beside it, and judge every fault and run.
 
     Args:
-        settings: the evaluation database (see :func:`loop_database`) and detector settings.
+        settings: a database of this episode's own (see :func:`loop_database`) and detector settings.
+            Every episode replays the same simulated epoch (:data:`~services.simulator.simulator.EPOCH`,
+            which the judging reads too), so another episode's runs would sit at the same simulated
+            times, count as recent for the cooldowns, rate limit and breaker, and (same incident, remedy
+            and diagnosis time) share run ids.
         spec: the scenario.
         seed: the episode seed.
         index: the runbook index the ranker and the definitions use.
@@ -459,7 +450,6 @@ def run_episode(
         if name == "noop":
             noop_scores = scores
 
-    _clear_runs(settings)
     sim = Simulator(spec, seed=seed)
     offline = OfflineDetect(build_detectors(settings))
     engine = Engine(load_routing(REPO_ROOT / "infra" / "config" / "routing.yaml"))
@@ -732,7 +722,7 @@ def evaluate(
     approval_delay_s: float = APPROVAL_DELAY_S,
     duration_s: float | None = None,
 ) -> list[Episode]:
-    """Run the loop on every (seed, scenario) in a database of its own, dropped afterwards.
+    """Run the loop on every (seed, scenario), each in a database of its own, dropped afterwards.
 
     Args:
         settings: where the database server is (the embedded one by default).
@@ -753,21 +743,21 @@ def evaluate(
     specs = {name: load_scenario(name) for name in names}  # an unknown name fails before any work
     index = runbook_index(settings.kb_dir)
     episodes: list[Episode] = []
-    with loop_database(settings) as scoped:
-        for seed in seeds:
-            for name in names:
+    for seed in seeds:
+        for name in names:
+            with loop_database(settings) as scoped:  # ~0.2 s: an episode's runs never meet another's
                 ep = run_episode(
                     scoped, specs[name], seed, index=index, approval_delay_s=approval_delay_s, duration_s=duration_s
                 )
-                episodes.append(ep)
-                if progress is not None:
-                    base = " ".join(f"{k} {v['score']:.4f}" for k, v in ep.baselines.items())
-                    acted = sum(1 for r in ep.runs if r.acted_at is not None)
-                    progress.write(
-                        f"seed {seed} {name}: score {ep.score:.4f} ({base}); "
-                        f"detected {sum(f.detected for f in ep.faults)}/{len(ep.faults)}, runs acted {acted}\n"
-                    )
-                    progress.flush()
+            episodes.append(ep)
+            if progress is not None:
+                base = " ".join(f"{k} {v['score']:.4f}" for k, v in ep.baselines.items())
+                acted = sum(1 for r in ep.runs if r.acted_at is not None)
+                progress.write(
+                    f"seed {seed} {name}: score {ep.score:.4f} ({base}); "
+                    f"detected {sum(f.detected for f in ep.faults)}/{len(ep.faults)}, runs acted {acted}\n"
+                )
+                progress.flush()
     return episodes
 
 

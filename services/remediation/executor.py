@@ -255,7 +255,7 @@ class Executor:
         self._event(run_id, "running")
         playbook = self.playbooks.load(run.playbook)()
         params = playbook.parse(run.params)
-        _, row = self.store.begin_step(run_id, "precheck", 0, "precheck")
+        _, row = self.store.begin_step(run_id, "precheck", 0, "precheck", now=now)
         pre: PrecheckResult | None
         try:
             pre = playbook.precheck(params, self.actuator)
@@ -266,6 +266,7 @@ class Executor:
             row.step_id,
             "succeeded" if pre and pre.ok else "failed",
             {"reason": reason, "observed": pre.observed if pre else {}},
+            now=now,
         )
         if pre is None or not pre.ok:
             self._end(run_id, ["running"], "failed", f"precheck: {reason}")  # nothing changed: no rollback
@@ -275,7 +276,7 @@ class Executor:
         self.store.set_plan(run_id, pre.observed, plan, rollback)
         if run.dry_run:
             for i, step in enumerate(plan):
-                self.store.record_skipped(run_id, "action", i, step.name, {"dry_run": True, **_describe(step)})
+                self.store.record_skipped(run_id, "action", i, step.name, {"dry_run": True, **_describe(step)}, now=now)
             would = ", ".join(f"{s.action.op} {s.action.target}" for s in plan if s.action) or "nothing"
             self._end(run_id, ["running"], "dry_run", f"dry run: nothing changed; would run {would}")
             return
@@ -302,7 +303,7 @@ class Executor:
         now = float(self.clock())
         self.store.extend_lease(run_id, token, now + self.config.execution.lease_s)
         if step.action is None:
-            self.store.record_skipped(run_id, "action", position, step.name, {"reason": "verify-only step"})
+            self.store.record_skipped(run_id, "action", position, step.name, {"reason": "verify-only step"}, now=now)
             return
         spec = policy_for(self.config.policy, run.playbook, run.targets)
 
@@ -322,7 +323,7 @@ class Executor:
             if row.status == "succeeded":
                 return  # done before a redelivery: do not act again
             if row.status == "running":
-                self.store.finish_step(row.step_id, "interrupted", {"error": "interrupted mid-action"})
+                self.store.finish_step(row.step_id, "interrupted", {"error": "interrupted mid-action"}, now=now)
             self.fail(run_id, token, f"step {step.name}: action interrupted or failed before; not repeated")
             raise StaleTask(f"run {run_id} step {position} already attempted")
         world_t: float | None = None
@@ -331,13 +332,15 @@ class Executor:
             outcome = self.actuator.act(step.action)
         except Exception as exc:  # whatever an actuator raises, the step fails and rolls back
             error = _error(exc)
-            self.store.finish_step(row.step_id, "failed", {"error": error, "world_t": world_t})
+            self.store.finish_step(row.step_id, "failed", {"error": error, "world_t": world_t}, now=now)
             self._event(run_id, "failed", step=step.name, detail=error)
             self.fail(run_id, token, f"step {step.name}: {error}")
             if isinstance(exc, ActuatorError):
                 raise
             raise ActuatorError(error) from exc
-        self.store.finish_step(row.step_id, "succeeded", {"world_t": world_t, **outcome.model_dump()})
+        # the time the task began, not a second read of the executor's clock (under the simulator each
+        # read is an HTTP GET); world_t in the output is the actuator's own clock at the action
+        self.store.finish_step(row.step_id, "succeeded", {"world_t": world_t, **outcome.model_dump()}, now=now)
         self._event(
             run_id, "running", step=step.name, detail=f"{step.action.op} {step.action.target}: {outcome.message}"
         )
@@ -354,12 +357,13 @@ class Executor:
         step = run.plan[position]
         if step.verify is None:
             return
+        # the executor's clock for what is stored (as every step); now_world below (the actuator's clock,
+        # world seconds) only measures the step's timeout against its action's world_t
+        now = float(self.clock())
         self.store.extend_lease(
-            run_id,
-            token,
-            float(self.clock()) + self.config.execution.lease_s + self.config.execution.verify_backoff_max_s,
+            run_id, token, now + self.config.execution.lease_s + self.config.execution.verify_backoff_max_s
         )
-        created, row = self.store.begin_step(run_id, "verify", position, step.name)
+        created, row = self.store.begin_step(run_id, "verify", position, step.name, now=now)
         if row.status == "succeeded":
             return
         if not created:
@@ -375,14 +379,14 @@ class Executor:
         except Exception as exc:  # a check that cannot be read does not hold (yet)
             result, detail = None, _error(exc)
         if result is not None and result.ok:
-            self.store.finish_step(row.step_id, "succeeded", {"detail": detail, "observed": result.observed})
+            self.store.finish_step(row.step_id, "succeeded", {"detail": detail, "observed": result.observed}, now=now)
             self._event(run_id, "running", step=step.name, detail=f"verified: {detail}")
             return
         # without the world's clock the timeout cannot be measured: retry until the task's last try
         if (now_world is None or now_world - since <= step.timeout_s) and not last_try:
             raise VerificationPending(f"{step.name}: {detail}")
         now_world = since if now_world is None else now_world
-        self.store.finish_step(row.step_id, "failed", {"detail": detail, "waited_s": now_world - since})
+        self.store.finish_step(row.step_id, "failed", {"detail": detail, "waited_s": now_world - since}, now=now)
         self._event(run_id, "failed", step=step.name, detail=f"verification failed: {detail}")
         self.fail(run_id, token, f"step {step.name}: verification did not hold in {step.timeout_s:.0f} s: {detail}")
         raise VerificationFailed(f"{step.name}: {detail}")
@@ -397,7 +401,7 @@ class Executor:
         run = self.store.get_run(run_id)
         assert run is not None
         self._event(run_id, "succeeded", detail="verification passed")
-        incident = self.store.mark_incident_mitigated(run.incident_id)
+        incident = self.store.mark_incident_mitigated(run.incident_id, now=now)
         if incident is not None:
             self.events.publish(
                 IncidentEvent(
@@ -440,15 +444,16 @@ class Executor:
         run = self.store.get_run(run_id)
         if run is None or run.rollback_state != "pending" or run.token != token:
             return
+        now = float(self.clock())  # once per task: every rollback step of this task is stamped with it
         ok = True
         notes: list[str] = []
         for i, step in enumerate(run.rollback_plan):
             if step.action is None:
                 continue
-            created, row = self.store.begin_step(run_id, "rollback", i, step.name)
+            created, row = self.store.begin_step(run_id, "rollback", i, step.name, now=now)
             if not created:
                 if row.status == "running":
-                    self.store.finish_step(row.step_id, "interrupted", {"error": "interrupted mid-rollback"})
+                    self.store.finish_step(row.step_id, "interrupted", {"error": "interrupted mid-rollback"}, now=now)
                     ok = False
                     notes.append(f"{step.name} interrupted (not repeated)")
                 elif row.status != "succeeded":
@@ -457,11 +462,11 @@ class Executor:
             try:
                 outcome = self.actuator.act(step.action)
             except Exception as exc:  # a failing rollback step is recorded; the others still run
-                self.store.finish_step(row.step_id, "failed", {"error": _error(exc)})
+                self.store.finish_step(row.step_id, "failed", {"error": _error(exc)}, now=now)
                 ok = False
                 notes.append(f"{step.name}: {_error(exc)}")
                 continue
-            self.store.finish_step(row.step_id, "succeeded", outcome.model_dump())
+            self.store.finish_step(row.step_id, "succeeded", outcome.model_dump(), now=now)
             self._event(run_id, "running", step=step.name, detail=f"rollback {step.action.op} {step.action.target}")
         self.store.set_rollback_state(run_id, "done")
         if ok:
@@ -502,7 +507,7 @@ class Executor:
             position, phase = self._resume_point(run)
             if phase == "interrupted":
                 sid = f"{run.run_id}:action:{position}"
-                self.store.finish_step(sid, "interrupted", {"error": "worker died mid-action"})
+                self.store.finish_step(sid, "interrupted", {"error": "worker died mid-action"}, now=now)
                 self.fail(run.run_id, token, f"step {run.plan[position].name}: worker died mid-action; not repeated")
                 continue
             if phase == "failed":

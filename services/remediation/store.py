@@ -15,8 +15,10 @@ first as ``running``. The lock is held for a few queries, never while an actuato
 Time: every timestamp a guardrail, the recovery sweep or an approval reads (a run's ``created_at``,
 ``started_at``, ``finished_at``, ``lease_until``; an approval's ``requested_at``, ``expires_at``,
 ``decided_at``) is the caller's ``now``: the executor's clock, which is event time (simulated time
-under the simulator), never the database's ``now()``. Only ``updated_at``, step timings, the audit
-log's ``ts`` and the kill switch's ``updated_at`` are the database's wall time: they are for humans.
+under the simulator), never the database's ``now()``. So are the times a timeline is read from: a
+step's ``started_at`` / ``finished_at`` and an incident's ``mitigated_at``, so that a run's steps fall
+within the run and a mitigation is on the incident's own clock. Only the runs' ``updated_at``, the
+audit log's ``ts`` and the kill switch's ``updated_at`` are the database's wall time: they are for humans.
 """
 
 from __future__ import annotations
@@ -399,7 +401,8 @@ class RunStore:
         """Record an action step as running, only if the run still runs and ``check`` finds no reason against it.
 
         The check and the step row share one transaction under the guardrail lock, so once the kill
-        switch is committed no action begins that had not begun before.
+        switch is committed no action begins that had not begun before. ``now`` (UNIX seconds, the
+        executor's clock) ends the guardrail window and is the step's ``started_at``.
         """
         with self._guarded() as q:
             rows = q(
@@ -414,9 +417,9 @@ class RunStore:
             sid = step_id(run_id, "action", position)
             created = q(
                 """INSERT INTO remediation_steps (step_id, run_id, position, name, kind, status, attempts, started_at)
-                   VALUES (%s, %s, %s, %s, 'action', 'running', 1, now())
+                   VALUES (%s, %s, %s, %s, 'action', 'running', 1, to_timestamp(%s))
                    ON CONFLICT DO NOTHING RETURNING step_id""",
-                (sid, run_id, position, name),
+                (sid, run_id, position, name, now),
             )
             step = q(f"SELECT {_STEP_COLS} FROM remediation_steps WHERE step_id = %s", (sid,))
             return ActionStart(created=bool(created), step=_step(step[0]))
@@ -472,14 +475,14 @@ class RunStore:
 
     # ------------------------------------------------------------------------------ steps
 
-    def begin_step(self, run_id: str, kind: str, position: int, name: str) -> tuple[bool, StepRow]:
-        """Record a step as running before it acts; ``(False, existing)`` when it was recorded before."""
+    def begin_step(self, run_id: str, kind: str, position: int, name: str, *, now: float) -> tuple[bool, StepRow]:
+        """Record a step as running since ``now`` before it acts; ``(False, existing)`` when it was recorded before."""
         sid = step_id(run_id, kind, position)
         rows = self._q(
             """INSERT INTO remediation_steps (step_id, run_id, position, name, kind, status, attempts, started_at)
-               VALUES (%s, %s, %s, %s, %s, 'running', 1, now())
+               VALUES (%s, %s, %s, %s, %s, 'running', 1, to_timestamp(%s))
                ON CONFLICT DO NOTHING RETURNING step_id""",
-            (sid, run_id, position, name, kind),
+            (sid, run_id, position, name, kind, now),
         )
         step = self.get_step(sid)
         assert step is not None
@@ -501,20 +504,24 @@ class RunStore:
         """Count one more verification attempt."""
         self._q("UPDATE remediation_steps SET attempts = attempts + 1 WHERE step_id = %s", (sid,))
 
-    def finish_step(self, sid: str, status: str, output: dict[str, Any]) -> None:
-        """Record a step's outcome (merged into its output)."""
+    def finish_step(self, sid: str, status: str, output: dict[str, Any], *, now: float) -> None:
+        """Record a step's outcome at ``now`` (merged into its output)."""
         self._q(
-            "UPDATE remediation_steps SET status = %s, finished_at = now(), output = output || %s WHERE step_id = %s",
-            (status, Jsonb(output), sid),
+            "UPDATE remediation_steps SET status = %s, finished_at = to_timestamp(%s), output = output || %s"
+            " WHERE step_id = %s",
+            (status, now, Jsonb(output), sid),
         )
 
-    def record_skipped(self, run_id: str, kind: str, position: int, name: str, output: dict[str, Any]) -> None:
-        """Record a step that was deliberately not performed (dry run, no action)."""
+    def record_skipped(
+        self, run_id: str, kind: str, position: int, name: str, output: dict[str, Any], *, now: float
+    ) -> None:
+        """Record a step that was deliberately not performed (dry run, no action), at ``now``."""
         self._q(
             """INSERT INTO remediation_steps (step_id, run_id, position, name, kind, status, attempts,
                    started_at, finished_at, output)
-               VALUES (%s, %s, %s, %s, %s, 'skipped', 0, now(), now(), %s) ON CONFLICT DO NOTHING""",
-            (step_id(run_id, kind, position), run_id, position, name, kind, Jsonb(output)),
+               VALUES (%s, %s, %s, %s, %s, 'skipped', 0, to_timestamp(%s), to_timestamp(%s), %s)
+               ON CONFLICT DO NOTHING""",
+            (step_id(run_id, kind, position), run_id, position, name, kind, now, now, Jsonb(output)),
         )
 
     # -------------------------------------------------------------------------- approvals
@@ -624,15 +631,21 @@ class RunStore:
         )
         return KillSwitch.model_validate(_floats(rows[0])) if rows else None
 
-    def mark_incident_mitigated(self, incident_id: str) -> dict[str, Any] | None:
-        """Mark the incident mitigated (if it is stored and still open); return its row."""
+    def mark_incident_mitigated(self, incident_id: str, *, now: float) -> dict[str, Any] | None:
+        """Mark the incident mitigated at ``now`` (if it is stored and still open); return its row.
+
+        An incident's ``updated_at`` is event time, not wall time: the correlate stage's upsert only
+        overwrites a row with a version at least as recent (services/store/incidents.py), so a wall-clock
+        ``updated_at`` an hour ahead of simulated time would make it refuse every later version. It only
+        moves forward here.
+        """
         rows = self._q(
-            """UPDATE incidents SET status = 'mitigated', mitigated_at = coalesce(mitigated_at, now()),
-                      updated_at = now()
+            """UPDATE incidents SET status = 'mitigated', mitigated_at = coalesce(mitigated_at, to_timestamp(%s)),
+                      updated_at = greatest(updated_at, to_timestamp(%s))
                WHERE incident_id = %s AND status IN ('opened', 'updated', 'mitigated')
                RETURNING incident_id, title, severity, group_key, labels,
                          extract(epoch FROM opened_at) AS opened_at""",
-            (incident_id,),
+            (now, now, incident_id),
         )
         return _floats(rows[0]) if rows else None
 

@@ -1,16 +1,29 @@
 """Guardrails follow the executor's clock (event time), not the database's: a simulated clock that runs
-far from the wall clock (a week ago, advanced by hand) drives cooldowns, the breaker and approval TTLs.
+far from the wall clock (a week ago, advanced by hand) drives cooldowns, the breaker and approval TTLs;
+and a run's steps and its incident's mitigation are stamped on that clock too (a year ago, a simulator).
 """
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from services.remediation.config import PolicySpec
+from evals.loop import LoopDispatcher, simulator_transport
+from services.core.events import Diagnosis, Hypothesis, IncidentEvent
+from services.core.settings import Settings
+from services.remediation.actuators.simulator import SimulatorActuator
+from services.remediation.config import PolicySpec, load_config
+from services.remediation.executor import Executor
 from services.remediation.model import Decision, Targets
 from services.remediation.policy import GuardrailState, start_blocks
+from services.remediation.registry import playbook_registry
+from services.remediation.runtime import MemoryEventSink
 from services.remediation.store import RunStore
-from services.store.db import migrate
+from services.simulator.scenario import load_scenario
+from services.simulator.simulator import Simulator
+from services.store.db import connect, migrate
+from services.store.incidents import get_incident, save_incident_events
 
 pytestmark = pytest.mark.integration
 
@@ -87,3 +100,80 @@ def test_the_approval_ttl_runs_on_the_simulated_clock(store: RunStore) -> None:
     a1, a2 = store.get_approval("a1"), store.get_approval("a2")
     assert a1 is not None and (a1.requested_at, a1.decided_at, a1.status) == (T0, T0 + 60, "approved")
     assert a2 is not None and (a2.requested_at, a2.decided_at, a2.status) == (T0, T0 + ttl, "expired")
+
+
+def test_a_runs_steps_and_its_incidents_mitigation_are_on_the_simulated_clock(
+    fresh_database: Settings, store: RunStore
+) -> None:
+    year_ago = float(int(time.time() - 365 * 86_400) // 60 * 60)
+    sim = Simulator(load_scenario("xid79"), seed=0, telemetry=False, epoch=year_ago)
+    actuator = SimulatorActuator("http://simulator.test", transport=simulator_transport(sim))
+    dispatcher = LoopDispatcher(lambda: sim.t)
+    executor = Executor(
+        store=store,
+        actuator=actuator,
+        playbooks=playbook_registry(),
+        config=load_config(),
+        events=MemoryEventSink(),
+        dispatcher=dispatcher,
+        clock=actuator.event_time,  # execution.clock: world
+    )
+    dispatcher.executor = executor
+    for _ in range(30):
+        sim.step()
+    opened = sim.epoch + sim.t
+    save_incident_events(
+        fresh_database,
+        [
+            IncidentEvent(
+                incident_id="inc-sim", kind="opened", severity="critical", title="t", opened_at=opened, ts=opened
+            )
+        ],
+    )
+    pod = next(p.name for p in sim.cluster.pods.values() if p.deployment)
+    diagnosis = Diagnosis(
+        incident_id="inc-sim",
+        diagnostician="ranker",
+        hypotheses=(Hypothesis(cause="engine_crash", confidence=0.9),),
+        proposed_playbook="restart_pod",
+        proposed_params={"pod": pod},
+        ts=opened,
+    )
+    run_id, decision = executor.submit(diagnosis)
+    assert decision.outcome == "execute", decision.reasons
+    while dispatcher.pending() and sim.t < 1200:
+        dispatcher.pump()
+        sim.step()  # the pod reloads its model: the verification waits for it on simulated time
+
+    run = store.get_run(run_id)
+    assert run is not None and run.status == "succeeded", run
+    assert run.started_at is not None and run.finished_at is not None
+    assert run.started_at >= opened and run.finished_at - run.started_at >= 10  # the step's wait, at least
+    steps = store.steps(run_id)
+    assert [s.kind for s in steps] == ["precheck", "action", "verify"]
+    for s in steps:  # on the run's clock, a year from the wall clock the database's now() reads
+        assert s.started_at is not None and s.finished_at is not None
+        assert run.started_at <= s.started_at <= s.finished_at <= run.finished_at, s
+    verify = steps[-1]
+    assert verify.started_at is not None and verify.finished_at is not None
+    assert verify.finished_at - verify.started_at >= 1  # verified after retries: it took simulated time
+    with connect(fresh_database) as conn:
+        incident = get_incident(conn, "inc-sim")
+    assert incident is not None and incident.status == "mitigated" and incident.mitigated_at is not None
+    assert run.started_at <= incident.mitigated_at.timestamp() <= run.finished_at
+    # the incident's updated_at stays event time: correlate's next version of it (later, on the same
+    # clock) is still newer than the row and is stored
+    assert incident.updated_at.timestamp() <= run.finished_at
+    resolved = run.finished_at + 60
+    save_incident_events(
+        fresh_database,
+        [
+            IncidentEvent(
+                incident_id="inc-sim", kind="resolved", severity="critical", title="t", opened_at=opened, ts=resolved
+            )
+        ],
+    )
+    with connect(fresh_database) as conn:
+        later = get_incident(conn, "inc-sim")
+    assert later is not None and later.status == "resolved" and later.resolved_at is not None
+    assert later.mitigated_at == incident.mitigated_at
