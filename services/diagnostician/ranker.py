@@ -270,9 +270,11 @@ def rank(
     out: list[Hypothesis] = []
     for s in top:
         if s.runbook is not None:
-            # the runbook's first playbook acting on a target the incident's own telemetry can fill the
-            # parameters of (a page is never chosen in place of an action that cannot be filled)
-            first = next((p for p in s.runbook.playbooks if fillable(p.name, evidence)), s.runbook.playbooks[0])
+            # the runbook's first playbook; when it needs a target the incident's own telemetry cannot
+            # fill, its next one that can be filled (a page is chosen only where the runbook puts it first)
+            first = s.runbook.playbooks[0]
+            if PLAYBOOK_PARAMS.get(first.name) and not fillable(first.name, evidence):
+                first = next((p for p in s.runbook.playbooks[1:] if fillable(p.name, evidence)), first)
             s.playbook, s.level = first.name, first.level
             s.summary = s.summary or s.runbook.title
             if not any(c.doc_id == s.runbook.id for c in s.citations):

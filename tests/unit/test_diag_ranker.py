@@ -176,3 +176,13 @@ def test_ranker_diagnosis_proposes_the_top_playbook_with_params() -> None:
     # one more replica of the Deployment the pod name gives; the model label is no parameter of any playbook
     assert kv.proposed_playbook == "scale_replicas"
     assert kv.proposed_params == {"deployment": "llama-70b", "namespace": "serving", "by": 1}
+
+
+def test_a_runbook_that_pages_first_pages_though_a_later_playbook_could_act() -> None:
+    # rising single-bit ECC errors: the runbook asks for a human before any cordon
+    doctor = RankerDiagnostician(Settings(), use_database=False)
+    gpu = "GPU-03994431-4d1e-9dd3-2756-82b62dc3bde1"
+    labels = {"UUID": gpu, "Hostname": "h100-a-07", "gpu": "2"}
+    diagnosis = doctor.diagnose(incident(alert("ecc_sbe_rate", entity=gpu, labels=labels, sbe_per_min=31.0)))
+    assert diagnosis.hypotheses[0].cause == "ecc_sbe_accumulation"
+    assert (diagnosis.proposed_playbook, diagnosis.level) == ("page_oncall", 3)
