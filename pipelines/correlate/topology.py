@@ -235,26 +235,31 @@ class Topology:
     def _models_of(self, pods: set[str]) -> set[str]:
         return self._union(self._pod_models, pods)
 
-    def reach(self, level: str, anchor_tokens: Iterable[str]) -> set[str]:
-        """Every token that shares a GPU -> node -> pod -> model chain with one of ``anchor_tokens``."""
+    def reach(self, level: str, anchor_tokens: Iterable[str], neighbours: bool = True) -> set[str]:
+        """Every token that shares a GPU -> node -> pod -> model chain with one of ``anchor_tokens``.
+
+        With ``neighbours`` (the default) a GPU or pod also reaches everything on its node; without,
+        a pod reaches only the GPUs it uses and a GPU only the pods using it (a node still reaches
+        everything on it: it is their common parent).
+        """
         start = set(anchor_tokens)
         out = set(start)
         if level == "gpu":
             nodes = {self.gpu_node[g][0] for g in start if g in self.gpu_node}
-            pods = self._pods_on(nodes) | self._union(self._gpu_pods, start)
+            pods = self._union(self._gpu_pods, start) | (self._pods_on(nodes) if neighbours else set())
             out |= nodes | pods | self._models_of(pods)
         elif level == "node":
             pods = self._pods_on(start)
             out |= self._gpus_on(start) | pods | self._models_of(pods)
         elif level == "pod":
             nodes = {self.pod_node[p][0] for p in start if p in self.pod_node}
-            gpus = self._gpus_on(nodes) | self._union(self._pod_gpus, start)
+            gpus = self._union(self._pod_gpus, start) | (self._gpus_on(nodes) if neighbours else set())
             out |= nodes | gpus | self._models_of(start)
         elif level == "model":
             models = start | self._union(self._alias_adj, start)
             pods = self._union(self._model_pods, models)
             nodes = {self.pod_node[p][0] for p in pods if p in self.pod_node}
-            gpus = self._gpus_on(nodes) | self._union(self._pod_gpus, pods)
+            gpus = self._union(self._pod_gpus, pods) | (self._gpus_on(nodes) if neighbours else set())
             out |= models | pods | nodes | gpus
         return out
 
@@ -291,7 +296,7 @@ class Topology:
             return True
         if a[0] == "other" or b[0] == "other":
             return False
-        if self.reach(a[0], a[1]) & b[1]:
+        if self.reach(a[0], a[1], neighbours) & b[1]:
             return True
         if neighbours and {a[0], b[0]} <= {"gpu", "pod"} and self._nodes_of(a[0], a[1]) & self._nodes_of(b[0], b[1]):
             return True

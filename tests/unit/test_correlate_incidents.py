@@ -217,6 +217,8 @@ def test_another_deployment_on_the_same_node_joins_only_while_the_incident_is_yo
     def burst_incident() -> Engine:
         eng = engine(resolve="1h")
         eng.ingest(crashloop(0), 0)
+        # a busy GPU on the node looks odd too: it is on every pod's node, not on every pod's chain
+        eng.ingest(anomaly("metric_outlier", GPU, "gpu", 0, labels={"UUID": GPU, "Hostname": NODE}), 0)
         return eng
 
     def rollout(ts: float) -> Anomaly:
