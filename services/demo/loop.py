@@ -27,9 +27,11 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -385,6 +387,9 @@ def run_demo(settings: Settings, config: DemoConfig, console: Any) -> DemoResult
     from services.core.bus import ensure_topics
     from services.demo.view import LiveView
 
+    if threading.current_thread() is threading.main_thread():
+        # a terminated demo (SIGTERM: a CI timeout, kill) stops what it started, as Ctrl-C does
+        signal.signal(signal.SIGTERM, _terminated)
     stamp = int(time.time())
     settings = settings.model_copy(
         update={"topic_prefix": f"demo.{stamp}.", "database_url": fresh_database(settings, f"demo_{stamp}")}
@@ -439,6 +444,10 @@ def run_demo(settings: Settings, config: DemoConfig, console: Any) -> DemoResult
         pages = len(vendor.to(PAGERDUTY))
         say(f"[demo] notifications: {len(vendor.to(SLACK_WEBHOOK))} to Slack, {pages} to PagerDuty")
     return DemoResult(rows, str(settings.database_url), actions)
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _answer_runs(

@@ -218,15 +218,15 @@ class LiveView:
         """The root cause ClusterMedic acted on for the fault's own incident, with its confidence.
 
         That is the latest diagnosis proposing the playbook of the incident's best run (succeeded
-        first, see :data:`RUN_RANK`); without a run, the incident's latest diagnosis.
+        first, see :data:`RUN_RANK`, the latest success of several); without a run, the latest diagnosis.
         """
         for incident_id in self.incidents_of(fault):
             log = [d for d in self.diagnosis_log.get(incident_id, []) if d.hypotheses]
             if not log:
                 continue
-            runs = sorted(
+            runs = sorted(  # best outcome first; of two that succeeded, the later one (it ended the fault)
                 (r for r in self.runs.values() if r.incident_id == incident_id and r.status not in ("blocked", "")),
-                key=lambda r: RUN_RANK.get(r.status, 9),
+                key=lambda r: (RUN_RANK.get(r.status, 9), -(r.succeeded_at or 0.0)),
             )
             acted = [d for d in log if runs and d.proposed_playbook == runs[0].playbook]
             top = (acted or log)[-1].hypotheses[0]
