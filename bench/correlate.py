@@ -22,8 +22,9 @@ import time
 
 import numpy as np
 
-from pipelines.correlate import Notification, loads_routing
 from pipelines.correlate.agent import Correlator
+from services.alerting.config import loads_routing
+from services.alerting.notification import Notification
 from services.core.events import Anomaly, IncidentEvent
 
 ROUTING = """

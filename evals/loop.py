@@ -432,10 +432,10 @@ def run_episode(
         approval_delay_s: simulated seconds before the simulated human approves a level-2 run.
         duration_s: simulated seconds to run (default :func:`episode_duration`).
     """
-    from pipelines.correlate import load_routing
     from pipelines.correlate.engine import Engine
     from pipelines.detect import build_detectors
     from pipelines.evaluate import OfflineDetect
+    from services.alerting.config import load_routing
     from services.diagnostician.diagnostician import RankerDiagnostician
     from services.diagnostician.tools import ChangeLog
     from services.remediation.actuators.simulator import SimulatorActuator

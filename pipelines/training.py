@@ -158,7 +158,7 @@ def parse_instant(text: str, now: float) -> float:
     Raises:
         ConfigError: none of these forms.
     """
-    from pipelines.correlate.durations import parse_duration
+    from services.alerting.durations import parse_duration
 
     text = text.strip()
     if text == "now":

@@ -155,10 +155,21 @@ def pipeline(
         names = [n.strip() for n in settings.detectors.split(",") if n.strip()]
         register_detect(pipe, build_detectors(settings, names), model_refresh_s=settings.detect_model_refresh_s)
     elif role == "correlate":
-        from pipelines.correlate import load_routing
         from pipelines.correlate.agent import register_correlate
+        from services.alerting.config import load_routing
+        from services.alerting.notification import Notification
+        from services.celery_app import configure
+        from services.notify.tasks import enqueue
 
-        register_correlate(pipe, load_routing(routing or settings.routing_config))
+        config = load_routing(routing or settings.routing_config)
+        configure(settings)
+
+        def notify(notification: Notification) -> None:
+            # one deliver task per notifier config; a receiver without any (Alertmanager's null
+            # receiver) sends none
+            enqueue(notification, config)
+
+        register_correlate(pipe, config, notify=notify)
     elif role == "smoke":
 
         async def print_event(event: object) -> None:
@@ -377,8 +388,8 @@ def silences_add(
     import getpass
     import time
 
-    from pipelines.correlate.durations import parse_duration
-    from pipelines.correlate.errors import SilenceError
+    from services.alerting.durations import parse_duration
+    from services.alerting.errors import SilenceError
     from services.store.db import connect
     from services.store.silences import create_silence
 
@@ -572,7 +583,7 @@ def notifier_service(
     ),
 ) -> None:
     """Run the notifier: diagnoses and remediation runs on their topics reach humans (Slack, PagerDuty, webhooks)."""
-    from pipelines.correlate import load_routing
+    from services.alerting.config import load_routing
     from services.celery_app import configure
     from services.notify.service import run
 

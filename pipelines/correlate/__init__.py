@@ -2,24 +2,12 @@
 
 The core (:class:`~pipelines.correlate.engine.Engine`) is pure and clock-injected; the Faust agents
 in :mod:`pipelines.correlate.agent` feed it from ``anomalies.v1`` and publish ``incidents.v1``.
-See docs/correlation.md.
+The Alertmanager model it runs on (routing config, matchers, silences, time intervals, the
+:class:`~services.alerting.notification.Notification` it decides) lives in :mod:`services.alerting`,
+below every package that uses it. See docs/correlation.md.
 """
 
-from pipelines.correlate.config import RoutingConfig, load_routing, loads_routing
 from pipelines.correlate.engine import Engine
-from pipelines.correlate.errors import IncidentNotFound, SilenceError
-from pipelines.correlate.model import Action, Notification
-from pipelines.correlate.silences import Silence, Silences
+from pipelines.correlate.model import Action
 
-__all__ = [
-    "Action",
-    "Engine",
-    "IncidentNotFound",
-    "Notification",
-    "RoutingConfig",
-    "Silence",
-    "SilenceError",
-    "Silences",
-    "load_routing",
-    "loads_routing",
-]
+__all__ = ["Action", "Engine"]

@@ -46,8 +46,6 @@ every ``silence_poll_s``, adding, replacing and expiring them in every engine.
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import json
 import logging
 import time
@@ -57,13 +55,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from pipelines.app import Pipeline
-from pipelines.correlate.config import NOTIFIER_SEND_RESOLVED_DEFAULT, RoutingConfig
 from pipelines.correlate.engine import Engine
-from pipelines.correlate.errors import IncidentNotFound, SilenceError
-from pipelines.correlate.history import AnomalyHistory, alert_fingerprint
-from pipelines.correlate.model import Action, Notification
-from pipelines.correlate.silences import Silence
+from pipelines.correlate.history import AnomalyHistory
+from pipelines.correlate.model import Action
 from pipelines.correlate.topology import DEPLOYMENT_LABELS, GPU_LABELS, MODEL_LABELS, NODE_LABELS, tokens
+from services.alerting.config import RoutingConfig
+from services.alerting.errors import IncidentNotFound, SilenceError
+from services.alerting.labels import alert_fingerprint
+from services.alerting.notification import Notification
+from services.alerting.silences import Silence
 from services.core.events import Anomaly, IncidentEvent, RemediationEvent
 from services.core.settings import Settings
 
@@ -86,7 +86,11 @@ TOPOLOGY_LABELS = frozenset(
 )
 
 Notify = Callable[[Notification], None]
-"""Hands one notification decision to the notify stage (called in a worker thread; may block)."""
+"""Hands one notification decision to the notify stage (called in a worker thread; may block).
+
+The entrypoint that registers the role injects it (``medic pipeline --role correlate`` enqueues on the
+Celery notify stage, :func:`services.notify.tasks.enqueue`): the pipeline never imports the notify
+service itself."""
 
 
 class CorrelateStore(Protocol):
@@ -367,52 +371,7 @@ class TopologyFilter:
         return labels.get("cluster") or DEFAULT_CLUSTER, labels, ts
 
 
-# ----------------------------------------------------------------------------- notify and store
-
-
-def default_notifier(settings: Settings, config: RoutingConfig) -> Notify:
-    """A notify callable that enqueues on the Celery notify stage, ``services.notify.tasks.enqueue``.
-
-    The module is imported on first use; while it does not exist, notifications are logged and dropped.
-    Notifications for receivers without any notifier config are dropped here.
-    """
-    enqueue: Callable[[Notification, RoutingConfig], Any] | None = None
-    looked = False
-
-    def notify(notification: Notification) -> None:
-        nonlocal enqueue, looked
-        if not delivers(config, notification.receiver):
-            return  # a receiver without notifier configs drops what reaches it, as in Alertmanager
-        if not looked:
-            looked = True
-            if importlib.util.find_spec("services.notify.tasks") is not None:
-                from services.celery_app import configure
-
-                configure(settings)
-                enqueue = getattr(importlib.import_module("services.notify.tasks"), "enqueue", None)
-            if enqueue is None:
-                log.warning("services.notify.tasks.enqueue is not available: notifications are only logged")
-        if enqueue is None:
-            log.info(
-                "notification for %s (%s, %s): %d alerts",
-                notification.receiver,
-                notification.reason,
-                notification.group_key,
-                len(notification.alerts),
-            )
-            return
-        enqueue(notification, config)
-
-    return notify
-
-
-def delivers(config: RoutingConfig, receiver: str) -> bool:
-    """Whether a receiver has any notifier config (one without is Alertmanager's "null" receiver)."""
-    try:
-        found = config.receiver(receiver)
-    except KeyError:
-        return False
-    return any(getattr(found, kind) for kind in NOTIFIER_SEND_RESOLVED_DEFAULT)
+# ----------------------------------------------------------------------------- store
 
 
 class PostgresCorrelateStore:
@@ -484,7 +443,7 @@ def register_correlate(
     pipeline: Pipeline,
     config: RoutingConfig,
     *,
-    notify: Notify | None = None,
+    notify: Notify,
     store: CorrelateStore | None = None,
     clock: Callable[[], float] = time.monotonic,
     options: CorrelateOptions | None = None,
@@ -494,7 +453,7 @@ def register_correlate(
     Args:
         pipeline: the Faust app and its topics.
         config: the routing config (``load_routing``).
-        notify: receives every notification decision; default :func:`default_notifier`.
+        notify: receives every notification decision (see :data:`Notify`).
         store: incidents out, silences in; default :class:`PostgresCorrelateStore`.
         clock: monotonic wall clock for ticks and checkpoint pacing.
         options: timing; see :class:`CorrelateOptions`.
@@ -504,7 +463,6 @@ def register_correlate(
     """
     opts = options or CorrelateOptions()
     app, topics, settings = pipeline.app, pipeline.topics, pipeline.settings
-    notify = notify or default_notifier(settings, config)
     store = store or PostgresCorrelateStore(settings)
     correlator = Correlator(config, clock)
     history = AnomalyHistory(settings.anomaly_retention_s, opts.anomaly_batch, opts.anomaly_prune_s)

@@ -40,21 +40,14 @@ import heapq
 from collections.abc import Mapping
 from typing import Any
 
-from pipelines.correlate.config import RoutingConfig
-from pipelines.correlate.errors import IncidentNotFound
 from pipelines.correlate.model import (
     Action,
     AggrGroup,
     Alert,
     Incident,
-    Notification,
     NotifyEntry,
-    alert_fingerprint,
-    alert_labels,
     incident_id,
 )
-from pipelines.correlate.routes import Route, build_route_tree
-from pipelines.correlate.silences import Silences
 from pipelines.correlate.stages import (
     InhibitRule,
     group_of,
@@ -62,9 +55,14 @@ from pipelines.correlate.stages import (
     needs_update,
     route_alert,
     silenced_by,
-    time_muted,
 )
 from pipelines.correlate.topology import LEVELS, Topology, anchor, tokens
+from services.alerting.config import RoutingConfig
+from services.alerting.errors import IncidentNotFound
+from services.alerting.labels import alert_fingerprint, alert_labels
+from services.alerting.notification import Notification
+from services.alerting.routes import Route, build_route_tree, time_muted
+from services.alerting.silences import Silences
 from services.core.events import SEVERITY_RANK, Anomaly, IncidentEvent
 
 Anchor = tuple[str, frozenset[str]]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipelines.correlate.model import alert_fingerprint
+from services.alerting.labels import alert_fingerprint
 from services.core.events import Anomaly
 
 

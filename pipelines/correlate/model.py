@@ -1,5 +1,6 @@
-"""The engine's records: alerts, aggregation groups, notification log entries, incidents, and the
-:class:`Notification` decision it returns.
+"""The engine's records: alerts, aggregation groups, notification log entries and incidents, and
+what the engine returns (:data:`Action`: incident events and :class:`~services.alerting.notification.Notification`
+decisions).
 
 Records are plain dataclasses holding only JSON-safe values, so the whole engine state round-trips
 through ``json.dumps`` (a restarted worker resumes exactly where the last one stopped).
@@ -13,45 +14,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict
-
-from services.core.events import AlertRef, Anomaly, IncidentEvent, Provenance
-from services.core.fingerprint import label_fingerprint
+from services.alerting.notification import Notification
+from services.core.events import AlertRef, IncidentEvent, Provenance
 
 R = TypeVar("R", bound="Record")
 
-Status = Literal["firing", "resolved"]
 IncidentState = Literal["open", "mitigated", "resolved"]
-NotifyReason = Literal["first", "update", "repeat", "resolved"]
-
-# The labels every alert carries, each from the Anomaly field named here (silences reason about them:
-# pipelines/correlate/silences.py, matches_every_alert).
-ALERT_LABEL_FIELDS: dict[str, str] = {
-    "alertname": "signal",
-    "severity": "severity",
-    "entity": "entity",
-    "entity_kind": "entity_kind",
-    "detector": "detector",
-}
-
-
-def alert_labels(anomaly: Anomaly) -> dict[str, str]:
-    """An anomaly's labels as an alert's: its own labels (empty values dropped, as Prometheus does)
-    plus ``alertname`` (the signal), ``severity``, ``entity``, ``entity_kind`` and ``detector``,
-    which win over labels of the same name."""
-    labels = {k: v for k, v in anomaly.labels.items() if v != ""}
-    labels.update({label: getattr(anomaly, name) for label, name in ALERT_LABEL_FIELDS.items()})
-    return dict(sorted(labels.items()))
-
-
-def alert_fingerprint(anomaly: Anomaly, labels: Mapping[str, str] | None = None) -> str:
-    """The identity of the alert an anomaly updates: the producer's fingerprint, else that of its alert
-    labels (``labels`` when the caller has built them already).
-
-    The same for the alert's firing and its resolution; a redelivery is told apart by
-    :meth:`~services.core.events.Anomaly.delivery_key`, never by this.
-    """
-    return anomaly.fingerprint or label_fingerprint(alert_labels(anomaly) if labels is None else labels)
 
 
 class Record:
@@ -175,35 +143,6 @@ def incident_id(group_key: str, first_fingerprint: str, opened_at: float) -> str
     """
     digest = hashlib.sha256(f"{group_key}\x00{first_fingerprint}\x00{opened_at!r}".encode()).hexdigest()
     return f"inc-{digest[:20]}"
-
-
-class Notification(BaseModel):
-    """The notify stage's decision: send this group's alerts to this receiver, and why.
-
-    Attributes:
-        receiver: receiver name from routing.yaml.
-        group_key: the aggregation group (route id and group labels).
-        group_labels: the ``group_by`` labels of the group.
-        incident_id: the incident of the group's alerts (the earliest opened, when they are several).
-        incident_ids: every incident the alerts belong to.
-        status: ``firing`` when any alert fires, else ``resolved``.
-        reason: ``first`` (nothing firing was notified before), ``update`` (alerts added or resolved),
-            ``repeat`` (unchanged, repeat_interval passed) or ``resolved`` (everything resolved).
-        alerts: the alerts to send (muted ones left out; resolved ones only if the receiver wants them).
-        ts: engine time of the decision.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    receiver: str
-    group_key: str
-    group_labels: dict[str, str]
-    incident_id: str
-    incident_ids: tuple[str, ...] = ()
-    status: Status
-    reason: NotifyReason
-    alerts: tuple[AlertRef, ...]
-    ts: float
 
 
 Action = IncidentEvent | Notification

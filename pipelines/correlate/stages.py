@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pipelines.correlate.config import InhibitRuleConfig
-from pipelines.correlate.matchers import Matcher, matches_all
-from pipelines.correlate.model import Alert, NotifyEntry, NotifyReason
-from pipelines.correlate.routes import Route
-from pipelines.correlate.silences import Silences
-from pipelines.correlate.timeintervals import NamedTimeInterval
+from pipelines.correlate.model import Alert, NotifyEntry
+from services.alerting.config import InhibitRuleConfig
+from services.alerting.matchers import Matcher, matches_all
+from services.alerting.notification import NotifyReason
+from services.alerting.routes import Route
+from services.alerting.silences import Silences
 
 
 def route_alert(root: Route, labels: Mapping[str, str]) -> list[Route]:
@@ -75,15 +75,6 @@ def inhibited_by(target: Alert, rules: Sequence[InhibitRule], sources: Iterable[
 def silenced_by(labels: Mapping[str, str], silences: Silences, now: float) -> list[str]:
     """Silence stage: ids of the active silences that mute these labels."""
     return silences.matches(labels, now)
-
-
-def time_muted(route: Route, intervals: Mapping[str, NamedTimeInterval], now: float) -> bool:
-    """Whether a route sends nothing at ``now``: inside a mute interval, or outside all its active ones."""
-    if any(intervals[name].contains(now) for name in route.mute_time_intervals):
-        return True
-    return bool(route.active_time_intervals) and not any(
-        intervals[name].contains(now) for name in route.active_time_intervals
-    )
 
 
 def needs_update(

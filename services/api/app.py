@@ -37,8 +37,8 @@ from fastapi import FastAPI, HTTPException, Query, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipelines.correlate.durations import parse_duration
-from pipelines.correlate.errors import SilenceError
+from services.alerting.durations import parse_duration
+from services.alerting.errors import SilenceError
 from services.core.errors import InfraError
 from services.core.exposure import OPEN_PATHS, BearerAuth, Listener, export_listener
 from services.core.settings import Settings

@@ -236,8 +236,8 @@ def evaluate(
     max_cases: int | None = None,
 ) -> list[CaseResult]:
     """Run every (seed, fault type) case until ``max_cases`` faults were evaluated."""
-    from pipelines.correlate import load_routing
     from pipelines.detect import build_detectors
+    from services.alerting.config import load_routing
     from services.core.paths import REPO_ROOT
 
     routing = load_routing(REPO_ROOT / "infra" / "config" / "routing.yaml")

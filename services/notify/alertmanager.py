@@ -9,7 +9,7 @@ Alertmanager answers 200 when it took the alerts and 400 when one is invalid.
 
 from __future__ import annotations
 
-from pipelines.correlate.durations import parse_duration
+from services.alerting.durations import parse_duration
 from services.notify.base import DeliveryResult, Message, Notifier
 from services.notify.errors import NotifierConfigError
 from services.notify.render import alertmanager

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import httpx
 from pydantic import BaseModel, ConfigDict
 
-from pipelines.correlate.model import Notification
+from services.alerting.notification import Notification
 from services.core.events import Diagnosis, RemediationEvent
 from services.notify.config import NotifySettings
 from services.notify.errors import NotifierConfigError, PayloadTooLarge, PermanentDelivery, RetryableDelivery

@@ -21,7 +21,7 @@ from typing import Literal
 
 import redis
 
-from pipelines.correlate.model import Notification
+from services.alerting.notification import Notification
 
 ClaimOutcome = Literal["claimed", "delivered", "failed", "busy"]
 

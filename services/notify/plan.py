@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from pipelines.correlate.config import NOTIFIER_SEND_RESOLVED_DEFAULT, RoutingConfig
-from pipelines.correlate.model import Notification
+from services.alerting.config import NOTIFIER_SEND_RESOLVED_DEFAULT, RoutingConfig
+from services.alerting.notification import Notification
 from services.notify.ledger import idempotency_key
 from services.notify.registry import CONFIG_KINDS, notifier_for
 

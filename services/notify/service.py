@@ -44,10 +44,9 @@ import redis
 from kafka import KafkaConsumer
 from kafka.errors import KafkaError
 
-from pipelines.correlate.config import RoutingConfig
-from pipelines.correlate.model import Notification
-from pipelines.correlate.routes import Route, build_route_tree
-from pipelines.correlate.stages import time_muted
+from services.alerting.config import RoutingConfig
+from services.alerting.notification import Notification
+from services.alerting.routes import Route, build_route_tree, time_muted
 from services.core.bus import KafkaPublisher
 from services.core.errors import EventError, InfraNotReady
 from services.core.events import AlertRef, DeadLetter, Diagnosis, Event, IncidentEvent, RemediationEvent

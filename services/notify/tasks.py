@@ -27,8 +27,8 @@ import redis
 from celery import Task
 from celery.utils.time import get_exponential_backoff_interval
 
-from pipelines.correlate.config import RoutingConfig
-from pipelines.correlate.model import Notification
+from services.alerting.config import RoutingConfig
+from services.alerting.notification import Notification
 from services.celery_app import app
 from services.core.events import Diagnosis, RemediationEvent
 from services.core.settings import Settings

@@ -1,9 +1,9 @@
 """Silences in PostgreSQL (parametrised SQL only): created and expired through the API and CLI, read
 by the correlate agent, which applies them to its engines.
 
-A silence is validated by the engine's own rules (:class:`pipelines.correlate.silences.Silences`)
+A silence is validated by the engine's own rules (:class:`services.alerting.silences.Silences`)
 before it is stored, so what the API accepts the engine can apply. A silence that would mute every
-alert (:func:`pipelines.correlate.silences.matches_every_alert`) is refused unless the caller passes
+alert (:func:`services.alerting.silences.matches_every_alert`) is refused unless the caller passes
 ``allow_all`` (``--all`` / ``"all": true``); then its comment records who confirmed it and how, until
 the console's roles decide who may. Rows are never deleted; expiring
 one sets ``ends_at`` to now (and, for a silence that has not started, ``starts_at`` too, as
@@ -29,8 +29,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict
 
-from pipelines.correlate.errors import SilenceError
-from pipelines.correlate.silences import Silence, Silences, SilenceState, matches_every_alert
+from services.alerting.errors import SilenceError
+from services.alerting.silences import Silence, Silences, SilenceState, matches_every_alert
 from services.core.errors import StoreError
 
 _COLUMNS = "silence_id, matchers, starts_at, ends_at, created_by, comment, created_at, updated_at"

@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 from psycopg import sql
 
 from pipelines.app import create_pipeline
-from pipelines.correlate import loads_routing
 from pipelines.correlate.agent import CorrelateOptions, Correlator, register_correlate
+from services.alerting.config import loads_routing
 from services.api.app import create_app
 from services.core.bus import ensure_topics
 from services.core.settings import Settings

@@ -17,11 +17,11 @@ import time
 import pytest
 
 from pipelines.app import create_pipeline
-from pipelines.correlate import load_routing
 from pipelines.correlate.agent import CorrelateOptions, register_correlate
-from pipelines.correlate.model import Notification
 from pipelines.detect import DetectorSet, register_detect
 from pipelines.detectors.registry import DETECTORS
+from services.alerting.config import load_routing
+from services.alerting.notification import Notification
 from services.core.bus import ensure_topics, read_raw
 from services.core.events import IncidentEvent
 from services.core.paths import REPO_ROOT

@@ -24,7 +24,7 @@ from typing import Any
 
 from pipelines.app import Pipeline
 from pipelines.correlate.agent import Correlator
-from pipelines.correlate.model import Notification
+from services.alerting.notification import Notification
 from services.core.events import Anomaly
 from services.ingest.normalise import alertmanager_webhook
 

@@ -13,8 +13,8 @@ import pytest
 
 from pipelines.app import create_pipeline
 from pipelines.correlate.agent import CorrelateOptions, PostgresCorrelateStore, register_correlate
-from pipelines.correlate.config import loads_routing
 from pipelines.correlate.history import alert_fingerprint
+from services.alerting.config import loads_routing
 from services.core.bus import KafkaPublisher, ensure_topics, read_raw
 from services.core.events import Anomaly, DeadLetter, IncidentEvent, Provenance
 from services.core.settings import Settings

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from pipelines.app import create_pipeline
-from pipelines.correlate import load_routing
 from pipelines.correlate.agent import CorrelateOptions, register_correlate
-from pipelines.correlate.model import Notification
+from services.alerting.config import load_routing
+from services.alerting.notification import Notification
 from services.core.bus import KafkaPublisher, ensure_topics, read_raw
 from services.core.events import Anomaly, IncidentEvent, RemediationEvent
 from services.core.paths import REPO_ROOT

@@ -1,5 +1,6 @@
-"""From an anomaly on the broker to a webhook delivered by the real Celery worker: the correlate role's
-default notifier enqueues on the notify stage, and the worker posts Alertmanager's webhook v4 body."""
+"""From an anomaly on the broker to a webhook delivered by the real Celery worker: the correlate role,
+given the notify the CLI gives it (enqueue on the notify stage), and the worker posts Alertmanager's
+webhook v4 body."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import time
 import pytest
 
 from pipelines.app import create_pipeline
-from pipelines.correlate import loads_routing
 from pipelines.correlate.agent import CorrelateOptions, register_correlate
+from services.alerting.config import loads_routing
+from services.celery_app import configure
 from services.core.bus import KafkaPublisher, ensure_topics
 from services.core.events import Anomaly
+from services.notify.tasks import enqueue
 from services.store.db import migrate
 from tests.unit.test_notify_vendor_server import WEBHOOK, vendor_server
 
@@ -25,6 +28,7 @@ def test_an_anomaly_reaches_a_webhook_receiver_through_correlate_and_the_notify_
     settings = fresh_database.model_copy(update={"topic_prefix": settings.topic_prefix})
     migrate(settings)
     ensure_topics(settings)
+    configure(settings)  # as `medic pipeline --role correlate` does before it injects enqueue
     entity = f"GPU-notify-{time.time_ns()}"
     with vendor_server() as vendor:
         config = loads_routing(
@@ -39,7 +43,12 @@ receivers:
 
         async def run() -> None:
             pipeline = create_pipeline(settings)
-            register_correlate(pipeline, config, options=CorrelateOptions(tick_s=0.3, checkpoint_s=1.0))
+            register_correlate(
+                pipeline,
+                config,
+                notify=lambda notification: enqueue(notification, config),
+                options=CorrelateOptions(tick_s=0.3, checkpoint_s=1.0),
+            )
             await pipeline.app.start()
             try:
                 with KafkaPublisher(settings) as publisher:

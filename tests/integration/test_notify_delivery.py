@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 
-from pipelines.correlate.config import loads_routing
+from services.alerting.config import loads_routing
 from services.celery_app import configure, ping
 from services.core.settings import Settings
 from services.notify.ledger import DeliveryLedger

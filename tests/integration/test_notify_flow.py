@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import redis
 
-from pipelines.correlate.config import loads_routing
-from pipelines.correlate.model import Notification
+from services.alerting.config import loads_routing
+from services.alerting.notification import Notification
 from services.celery_app import configure, ping
 from services.core.bus import KafkaPublisher, ensure_topics, read_raw
 from services.core.events import AlertRef, DeadLetter, Diagnosis, Hypothesis, IncidentEvent, RemediationEvent

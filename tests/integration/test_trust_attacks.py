@@ -17,10 +17,10 @@ import pytest
 
 from pipelines.app import create_pipeline
 from pipelines.correlate.agent import CorrelateOptions, register_correlate
-from pipelines.correlate.config import loads_routing
 from pipelines.detect import DetectorSet, register_detect
 from pipelines.detectors.logtemplates import LogTemplateDetector
 from pipelines.detectors.rules_xid import XidDetector
+from services.alerting.config import loads_routing
 from services.core.bus import KafkaPublisher, ensure_topics, read_raw
 from services.core.events import Diagnosis, IncidentEvent
 from services.diagnostician.diagnostician import RankerDiagnostician, diagnose_incident
@@ -111,7 +111,12 @@ def test_prompt_echo_and_webhook_attacks_decide_no_action_and_say_why(kafka_read
     async def pipeline_until_incidents() -> None:
         pipeline = create_pipeline(settings)
         register_detect(pipeline, DetectorSet.of([LogTemplateDetector(), XidDetector()]), max_wait_s=0.2)
-        register_correlate(pipeline, loads_routing(ROUTING), options=CorrelateOptions(tick_s=0.5, checkpoint_s=1.0))
+        register_correlate(
+            pipeline,
+            loads_routing(ROUTING),
+            notify=lambda _: None,  # what this test asserts is the diagnoses, not the notifications
+            options=CorrelateOptions(tick_s=0.5, checkpoint_s=1.0),
+        )
         await pipeline.app.start()
         try:
             with KafkaPublisher(settings) as publisher:

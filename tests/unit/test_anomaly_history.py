@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pipelines.correlate.history import AnomalyHistory, alert_fingerprint
-from pipelines.correlate.model import alert_labels
+from services.alerting.labels import alert_labels
 from services.core.events import Anomaly
 from services.core.fingerprint import label_fingerprint
 from services.store.anomalies import DROPPED_KEY, anomaly_row, bounded_evidence
@@ -74,7 +74,7 @@ def test_an_anomaly_without_a_fingerprint_cannot_become_a_row() -> None:
 
 def test_the_history_clock_is_the_earliest_cluster_clock() -> None:
     from pipelines.correlate.agent import Correlator
-    from pipelines.correlate.config import loads_routing
+    from services.alerting.config import loads_routing
 
     correlator = Correlator(loads_routing("route: {receiver: sre}\nreceivers: [{name: sre}]\n"), clock=lambda: 0.0)
     assert correlator.event_time() is None

@@ -1,21 +1,21 @@
 """The correlate role's broker-free parts: engines per cluster, checkpoints, redelivery, ticks, silences,
-topology facts from telemetry, and the notify hand-off."""
+topology facts from telemetry."""
 
 from __future__ import annotations
 
 import json
 
-from pipelines.correlate import Engine, Notification, Silence, loads_routing
+from pipelines.correlate import Engine
 from pipelines.correlate.agent import (
     DEFAULT_CLUSTER,
     Correlator,
     TopologyFilter,
-    default_notifier,
-    delivers,
     sync_silences,
 )
+from services.alerting.config import loads_routing
+from services.alerting.notification import Notification
+from services.alerting.silences import Silence
 from services.core.events import Anomaly, IncidentEvent, MetricBatch, Sample
-from services.core.settings import Settings
 
 ROUTING = loads_routing(
     """
@@ -139,21 +139,6 @@ def test_topology_facts_are_forwarded_when_new_changed_or_stale_only():
     assert f.facts(b"{not json") is None
     dcgm = {"UUID": "GPU-1", "Hostname": "n1", "pod": "llama-0", "cluster": "east"}
     assert f.facts(_batch("GPU-1", dcgm, 10.0))[0] == "east"  # type: ignore[index]
-
-
-def test_notifications_for_a_receiver_without_notifiers_are_dropped_before_the_notify_stage():
-    assert delivers(ROUTING, "team") and not delivers(ROUTING, "nobody") and not delivers(ROUTING, "missing")
-    note = Notification(
-        receiver="nobody",
-        group_key="g",
-        group_labels={},
-        incident_id="",
-        status="firing",
-        reason="first",
-        alerts=(),
-        ts=1.0,
-    )
-    default_notifier(Settings(), ROUTING)(note)  # returns without touching Celery
 
 
 def test_a_successful_remediation_mitigates_its_incident_and_unknown_ids_are_ignored():

@@ -12,11 +12,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from pipelines.correlate.config import loads_routing
 from pipelines.correlate.engine import Engine
-from pipelines.correlate.errors import SilenceError
-from pipelines.correlate.model import Notification
-from pipelines.correlate.silences import Silence, Silences
+from services.alerting.config import loads_routing
+from services.alerting.errors import SilenceError
+from services.alerting.notification import Notification
+from services.alerting.silences import Silence, Silences
 from services.core.events import Anomaly
 from services.core.fingerprint import label_fingerprint
 

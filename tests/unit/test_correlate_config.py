@@ -8,11 +8,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from pipelines.correlate.config import load_routing, loads_routing
-from pipelines.correlate.durations import format_duration, parse_duration
-from pipelines.correlate.matchers import Matcher, parse_matcher, parse_matchers
-from pipelines.correlate.routes import build_route_tree
-from pipelines.correlate.timeintervals import TimeInterval
+from services.alerting.config import load_routing, loads_routing
+from services.alerting.durations import format_duration, parse_duration
+from services.alerting.matchers import Matcher, parse_matcher, parse_matchers
+from services.alerting.routes import build_route_tree
+from services.alerting.timeintervals import TimeInterval
 from services.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from pipelines.correlate.config import loads_routing
 from pipelines.correlate.engine import Engine
-from pipelines.correlate.errors import IncidentNotFound
-from pipelines.correlate.model import Notification
-from pipelines.correlate.silences import Silence
 from pipelines.correlate.topology import Topology, anchor
+from services.alerting.config import loads_routing
+from services.alerting.errors import IncidentNotFound
+from services.alerting.notification import Notification
+from services.alerting.silences import Silence
 from services.core.events import Anomaly, IncidentEvent
 
 CONFIG = """

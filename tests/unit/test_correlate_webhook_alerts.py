@@ -14,9 +14,9 @@ import json
 import pytest
 
 from pipelines.correlate.agent import Correlator
-from pipelines.correlate.config import loads_routing
 from pipelines.correlate.engine import Engine
-from pipelines.correlate.model import Notification
+from services.alerting.config import loads_routing
+from services.alerting.notification import Notification
 from services.core.events import Anomaly, IncidentEvent
 from services.core.fingerprint import label_fingerprint
 from services.ingest.normalise import alertmanager_webhook

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.correlate import load_routing
+from services.alerting.config import load_routing
 from services.demo.loop import Ports, write_configs
 from services.remediation.config import load_config
 

@@ -6,11 +6,11 @@ The other half, that one far-future event cannot leap a clock, is ingest's bound
 
 from __future__ import annotations
 
-from pipelines.correlate.config import loads_routing
 from pipelines.correlate.engine import Engine
-from pipelines.correlate.model import Notification
 from pipelines.correlate.topology import Topology, anchor
 from pipelines.detect import merge_learned
+from services.alerting.config import loads_routing
+from services.alerting.notification import Notification
 from services.core.events import Anomaly
 
 CONFIG = """

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipelines.correlate.model import Notification
+from services.alerting.notification import Notification
 from services.core.events import AlertRef, Diagnosis, IncidentEvent, Provenance, RemediationEvent
 from services.core.paths import REPO_ROOT
 from services.core.settings import Settings

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.correlate.config import loads_routing
+from services.alerting.config import loads_routing
 from services.core.events import AlertRef, Diagnosis, Hypothesis, IncidentEvent, RemediationEvent
 from services.notify.plan import plan
 from services.notify.render import pagerduty, slack

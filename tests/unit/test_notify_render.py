@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from pipelines.correlate.config import loads_routing
-from pipelines.correlate.model import Notification
+from services.alerting.config import loads_routing
+from services.alerting.notification import Notification
 from services.core.events import AlertRef, Diagnosis, Hypothesis, RemediationEvent
 from services.core.fingerprint import label_fingerprint
 from services.notify.errors import PayloadTooLarge

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.correlate.matchers import parse_matchers
-from pipelines.correlate.model import alert_labels
-from pipelines.correlate.silences import ALWAYS_PRESENT, ANY_VALUE_PROBES, Silence, Silences, matches_every_alert
+from services.alerting.labels import alert_labels
+from services.alerting.matchers import parse_matchers
+from services.alerting.silences import ALWAYS_PRESENT, ANY_VALUE_PROBES, Silence, Silences, matches_every_alert
 from services.core.events import Anomaly
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from pipelines.correlate.config import loads_routing
 from pipelines.correlate.engine import Engine
 from pipelines.detect import DetectorSet, EntityDetection, metric_provenance
 from pipelines.detectors.rules_xid import XidDetector
+from services.alerting.config import loads_routing
 from services.core.events import AlertRef, Anomaly, IncidentEvent, MetricBatch, Provenance, Sample
 from services.ingest.normalise import alertmanager_webhook
 

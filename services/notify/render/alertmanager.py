@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.correlate.model import Notification
+from services.alerting.notification import Notification
 from services.core.events import Diagnosis
 from services.notify.render.common import alert_annotations, iso, sanitize, sanitize_labels
 

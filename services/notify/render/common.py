@@ -16,7 +16,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pipelines.correlate.model import Notification
+from services.alerting.notification import Notification
 from services.core.events import AlertRef, Diagnosis
 
 ELLIPSIS = "…"

@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pipelines.correlate.model import Notification
+from services.alerting.notification import Notification
 from services.core.events import SEVERITY_RANK, Diagnosis, RemediationEvent
 from services.notify.errors import PayloadTooLarge
 from services.notify.render.common import (

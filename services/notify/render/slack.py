@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.correlate.model import Notification
+from services.alerting.notification import Notification
 from services.core.events import SEVERITY_RANK, AlertRef, Diagnosis, RemediationEvent
 from services.notify.render.common import (
     UNTRUSTED_LABEL,
@@ -120,7 +120,7 @@ def render(
     """Render a notification (and its context) as one Slack message within Block Kit's limits.
 
     Args:
-        notification: the :class:`~pipelines.correlate.model.Notification`.
+        notification: the :class:`~services.alerting.notification.Notification`.
         diagnosis: optional diagnosis of the incident.
         remediation: optional latest remediation event; ``awaiting_approval`` adds Approve/Reject buttons.
         external_url: ClusterMedic's URL, linked from the context line.

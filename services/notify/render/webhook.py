@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.correlate.model import Notification
+from services.alerting.notification import Notification
 from services.core.events import AlertRef, Diagnosis
 from services.notify.render.common import (
     GO_ZERO_TIME,

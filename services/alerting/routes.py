@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from pipelines.correlate.config import GROUP_BY_ALL, RouteConfig
-from pipelines.correlate.matchers import Matcher, format_matchers, matches_all
+from services.alerting.config import GROUP_BY_ALL, RouteConfig
+from services.alerting.matchers import Matcher, format_matchers, matches_all
+from services.alerting.timeintervals import NamedTimeInterval
 
 # Alertmanager's defaults for the root route.
 DEFAULT_GROUP_WAIT = 30.0
@@ -143,3 +144,12 @@ def _build(cfg: RouteConfig, parent: Route | None, index: int) -> Route:
     )
     children = tuple(_build(child, node, i) for i, child in enumerate(cfg.routes))
     return replace(node, routes=children)
+
+
+def time_muted(route: Route, intervals: Mapping[str, NamedTimeInterval], now: float) -> bool:
+    """Whether a route sends nothing at ``now``: inside a mute interval, or outside all its active ones."""
+    if any(intervals[name].contains(now) for name in route.mute_time_intervals):
+        return True
+    return bool(route.active_time_intervals) and not any(
+        intervals[name].contains(now) for name in route.active_time_intervals
+    )

@@ -19,9 +19,9 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipelines.correlate.durations import parse_duration
-from pipelines.correlate.matchers import LABEL_NAME, Matcher, parse_matcher_list
-from pipelines.correlate.timeintervals import NamedTimeInterval
+from services.alerting.durations import parse_duration
+from services.alerting.matchers import LABEL_NAME, Matcher, parse_matcher_list
+from services.alerting.timeintervals import NamedTimeInterval
 from services.core.errors import ConfigError
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]

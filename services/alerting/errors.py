@@ -1,4 +1,4 @@
-"""Errors of the correlation engine.
+"""Errors of the Alertmanager model and the correlation engine that runs on it.
 
 Both derive from the project root error so a consumer loop that catches ``ClusterMedicError`` handles
 them; they belong under ``ClusterMedicError`` in the tree drawn in ``services/core/errors.py``::

@@ -7,8 +7,9 @@ does not match the empty string (Alertmanager's rule). That alone does not stop 
 which mutes every alert: :func:`matches_every_alert` finds such silences, and the API and CLI refuse
 them unless the user says ``all`` (services/store/silences.py).
 
-The store is in memory and serialisable; the correlate agent keeps it in step with the silences table
-(services/store/silences.py), which `medic silences` and the API write.
+The store is in memory and serialisable; the correlate agent (pipelines/correlate/agent.py) keeps it
+in step with the silences table (services/store/silences.py), which `medic silences` and the API
+write.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from pipelines.correlate.errors import SilenceError
-from pipelines.correlate.matchers import Matcher, matches_all, parse_matcher_list
-from pipelines.correlate.model import ALERT_LABEL_FIELDS
+from services.alerting.errors import SilenceError
+from services.alerting.labels import ALERT_LABEL_FIELDS
+from services.alerting.matchers import Matcher, matches_all, parse_matcher_list
 from services.core.events import Anomaly
 
 SilenceState = Literal["pending", "active", "expired"]
@@ -117,7 +118,7 @@ def _values_every_alert_may_have() -> dict[str, tuple[str, ...] | None]:
     return out
 
 
-# Labels every alert carries (pipelines/correlate/model.py, alert_labels): severity and entity_kind
+# Labels every alert carries (services/alerting/labels.py, alert_labels): severity and entity_kind
 # take a closed set of values; alertname, entity and detector any non-empty string.
 ALWAYS_PRESENT: dict[str, tuple[str, ...] | None] = _values_every_alert_may_have()
 # Stand-ins for "any value" of an open label: short and long, letters, digits first, punctuation,
