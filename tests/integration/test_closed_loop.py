@@ -1,0 +1,137 @@
+"""The closed loop, whole, through the real infrastructure: what `make demo` runs, as tests.
+
+Each test runs :func:`services.demo.loop.run_demo`: every role under `medic stack` (real Kafka,
+PostgreSQL, Redis, Celery), `medic sim serve`, `medic ingest scrape` of its /metrics, a real
+Prometheus, the Kubernetes events watch, Loki pushes and the Slack/PagerDuty stand-in. Nothing is
+stood in for but the cluster (the simulator) and the vendors.
+
+* The demo scenario: a level-1 fault fixed on its own, a level-2 fault fixed after an approval
+  through the API, a level-3 fault that pages, every incident resolved once its fault is gone; and
+  the Celery worker killed with SIGKILL in the middle of a playbook repeats no action.
+* The same seed at --speed 30 and --speed 1 gives the same incidents and carries out the same
+  actions on the same targets: every timer follows simulated time, however fast it runs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from rich.console import Console
+
+from services.core.settings import Settings
+from services.demo.loop import DemoConfig, DemoResult, run_demo
+from services.stack import Stack
+
+pytestmark = pytest.mark.integration
+
+SHORT = Path(__file__).parent / "scenarios" / "closed_loop_xid.yaml"
+TERMINAL = ("succeeded", "failed", "rolled_back", "rollback_failed", "blocked", "expired", "rejected", "paged")
+
+
+def _run(settings: Settings, config: DemoConfig) -> DemoResult:
+    return run_demo(settings, config, Console(file=io.StringIO(), width=160))
+
+
+def _rows(url: str, sql: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(sql).fetchall()
+
+
+TARGETS = ("node", "gpu", "pod", "deployment")
+
+
+def _outcome(result: DemoResult) -> tuple[list[tuple[str, ...]], list[tuple[str, str]]]:
+    """Each incident's alerts (signal on entity), and each action that succeeded with its target."""
+    incidents: dict[str, set[str]] = {}
+    for incident_id, name, entity in _rows(result.database_url, "SELECT incident_id, signal, entity FROM alerts"):
+        incidents.setdefault(incident_id, set()).add(f"{name} on {entity}")
+    runs = _rows(result.database_url, "SELECT playbook, params FROM remediation_runs WHERE status = 'succeeded'")
+    return (
+        sorted(tuple(sorted(alerts)) for alerts in incidents.values()),
+        sorted(
+            (playbook, json.dumps({k: v for k, v in params.items() if k in TARGETS and v})) for playbook, params in runs
+        ),
+    )
+
+
+@pytest.mark.timeout(900)
+def test_the_demo_heals_every_fault_and_a_worker_killed_mid_playbook_repeats_no_action(
+    settings: Settings, kafka_ready: None, database_url: str, redis_ready: None, tmp_path: Path
+) -> None:
+    killed: dict[str, Any] = {}
+
+    def kill_the_worker_mid_playbook(stack: Stack, view: Any) -> None:
+        if killed:
+            return
+        with view.lock:
+            running = [r for r in view.runs.values() if r.status == "running"]
+        worker = next((s for s in stack.status() if s.name == "worker"), None)
+        if running and worker is not None and worker.pid:
+            os.killpg(os.getpgid(worker.pid), signal.SIGKILL)  # the worker and its pool, as the OOM killer would
+            killed.update(run=running[0].run_id, playbook=running[0].playbook, pid=worker.pid)
+
+    result = _run(settings, DemoConfig(run_dir=tmp_path, on_tick=kill_the_worker_mid_playbook))
+    rows = {r.fault.split()[0]: r for r in result.rows}
+    assert set(rows) == {"xid", "kv_cache_exhaustion", "bad_rollout", "ecc"}
+    for row in result.rows:
+        assert row.detected_after_s is not None, f"{row.fault} was not detected"
+        assert row.mitigated, f"{row.fault} was neither mitigated nor paged: {row.action}"
+    assert "cordon_node (L1): succeeded" in rows["xid"].action  # level 1, on its own
+    assert "rollback_deployment (L2): succeeded" in rows["bad_rollout"].action  # level 2, approved via the API
+    url = result.database_url
+    ecc_runs = _rows(
+        url, f"SELECT playbook, status FROM remediation_runs WHERE incident_id = '{rows['ecc'].incident_id}'"
+    )
+    assert ("page_oncall", "paged") in ecc_runs  # level 3: its own incident pages a human
+    approvals = _rows(
+        url, "SELECT r.playbook, a.status, a.channel FROM approvals a JOIN remediation_runs r USING (run_id)"
+    )
+    assert ("rollback_deployment", "approved", "api") in approvals
+    # the incident of each fault a run fixed was mitigated; the serving faults' incidents then resolved.
+    # (The XID 79 incident stays open: the replica on the lost GPU keeps crash-looping on the cordoned
+    # node, as no playbook here moves it; see docs/demo.md.)
+    states = dict(_rows(url, "SELECT incident_id, status FROM incidents"))
+    mitigated = {r[0] for r in _rows(url, "SELECT incident_id FROM incidents WHERE mitigated_at IS NOT NULL")}
+    for fault in ("xid", "kv_cache_exhaustion", "bad_rollout"):
+        assert rows[fault].incident_id in mitigated, (fault, rows[fault].incident_id)
+    for fault in ("kv_cache_exhaustion", "bad_rollout"):
+        assert states[rows[fault].incident_id] == "resolved", (fault, states.get(rows[fault].incident_id))
+    # five incidents at most: one per fault, and the ECC node's kernel XID beside its GPU's errors
+    assert len(states) <= 5 and len({r.incident_id for r in result.rows}) == 4
+
+    # the kill: the worker died mid-playbook, came back, and the run finished without repeating an action
+    assert killed, "no playbook was running while the demo ran"
+    (status,) = _rows(url, f"SELECT status FROM remediation_runs WHERE run_id = '{killed['run']}'")[0]
+    assert status in TERMINAL, f"the run the kill interrupted never finished: {status}"
+    steps = Counter(status for (status,) in _rows(url, "SELECT status FROM remediation_steps WHERE kind = 'action'"))
+    accepted = sum(1 for a in result.actions if a["accepted"])
+    # each action the cluster accepted is one step: succeeded, or interrupted by the kill (then never
+    # repeated: the run fails instead, since nobody knows whether the action took place)
+    assert steps["succeeded"] <= accepted <= steps["succeeded"] + steps["interrupted"], (accepted, steps)
+
+
+@pytest.mark.timeout(1200)  # the --speed 1 run takes the scenario's 4 simulated minutes in wall time
+def test_the_same_seed_gives_the_same_incidents_and_actions_at_speed_1_and_30(
+    settings: Settings, kafka_ready: None, database_url: str, redis_ready: None, tmp_path: Path
+) -> None:
+    config = DemoConfig(scenario=str(SHORT), seed=7, approve=False, timeout_s=600)
+    fast = _run(settings, DemoConfig(**{**vars(config), "speed": 30.0, "run_dir": tmp_path / "fast"}))
+    fast_outcome = _outcome(fast)  # before the next run drops this run's database
+    slow = _run(settings, DemoConfig(**{**vars(config), "speed": 1.0, "run_dir": tmp_path / "slow"}))
+    slow_outcome = _outcome(slow)
+    # The same incidents with the same alerts, and the same actions carried out on the same targets.
+    # (Not compared: the proposals in between. At --speed 1 an incident is updated, and so re-diagnosed,
+    # at more points than at 30x, where several alerts join within one wall second; see docs/demo.md.)
+    assert fast_outcome == slow_outcome
+    incidents, runs = fast_outcome
+    assert any("gpu_xid on gpu-node-000" in alerts for alerts in incidents)
+    assert ("cordon_node", json.dumps({"node": "gpu-node-000"})) in runs
+    assert [r.mitigated for r in fast.rows] == [r.mitigated for r in slow.rows] == [True]
