@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import signal
@@ -47,6 +48,8 @@ from services.core.paths import REPO_ROOT
 from services.core.settings import Settings
 from services.notify.standin import PAGERDUTY, ROUTING_KEY, SLACK_WEBHOOK, WEBHOOK, VendorServer
 from services.stack import ROLES, Stack
+
+log = logging.getLogger(__name__)
 
 SCRAPE_INTERVAL_SIM_S = 15.0  # a DCGM exporter's usual scrape interval, in simulated seconds
 APPROVAL_PAUSE_S = 8.0  # wall seconds the demo "thinks" before it approves a level-2 run
@@ -84,11 +87,13 @@ class DemoResult:
         rows: one per planted fault (the summary table).
         database_url: the run's own database (incidents, diagnoses, runs, steps, audit), kept after it.
         actions: the simulator's record of every action request (``GET /actions``), oldest first.
+        topic_prefix: the run's topics (deleted by the next run, as its database is dropped).
     """
 
     rows: list[FaultRow]
     database_url: str
     actions: list[dict[str, Any]]
+    topic_prefix: str = ""
 
 
 @dataclass
@@ -394,6 +399,7 @@ def run_demo(settings: Settings, config: DemoConfig, console: Any) -> DemoResult
     settings = settings.model_copy(
         update={"topic_prefix": f"demo.{stamp}.", "database_url": fresh_database(settings, f"demo_{stamp}")}
     )
+    drop_old_demo_topics(settings, keep=settings.topic_prefix)
     ensure_topics(settings)
     say = console.print
     with running_demo(settings, config, lambda line: say(f"[demo] {line}")) as (ports, tokens, vendor, stack):
@@ -443,7 +449,7 @@ def run_demo(settings: Settings, config: DemoConfig, console: Any) -> DemoResult
         write_summary(rows, config.run_dir / "summary.json")
         pages = len(vendor.to(PAGERDUTY))
         say(f"[demo] notifications: {len(vendor.to(SLACK_WEBHOOK))} to Slack, {pages} to PagerDuty")
-    return DemoResult(rows, str(settings.database_url), actions)
+    return DemoResult(rows, str(settings.database_url), actions, settings.topic_prefix)
 
 
 def _terminated(signum: int, _frame: object) -> None:
@@ -490,6 +496,37 @@ def _answer_runs(
             )
             view.say(f"approved {run_id} through the API: HTTP {answer.status_code}")
             approvals[run_id] = 0.0
+
+
+def drop_old_demo_topics(settings: Settings, keep: str) -> list[str]:
+    """Delete the topics of earlier demo runs (``demo.<time>.*`` and their Faust ``demo-<time>-*``).
+
+    Each run has topics of its own; without this, every ``make demo`` left about twenty behind.
+    Returns the names deleted. A broker that refuses is no reason to stop the demo: it is logged.
+    """
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    faust_keep = keep.strip(".").replace(".", "-") + "-"
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=10_000)
+    except KafkaError:
+        return []  # ensure_topics names the problem next
+    try:
+        old = [
+            t
+            for t in admin.list_topics()
+            if (t.startswith("demo.") and not t.startswith(keep))
+            or (t.startswith("demo-") and not t.startswith(faust_keep))
+        ]
+        if old:
+            admin.delete_topics(old, timeout_ms=30_000)
+        return old
+    except KafkaError as exc:
+        log.warning("could not delete earlier demo topics: %s", exc)
+        return []
+    finally:
+        admin.close()
 
 
 def fresh_database(settings: Settings, name: str) -> str:

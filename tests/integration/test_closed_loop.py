@@ -24,6 +24,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from kafka import KafkaAdminClient
 from rich.console import Console
 
 from services.core.settings import Settings
@@ -127,6 +128,13 @@ def test_the_same_seed_gives_the_same_incidents_and_actions_at_speed_1_and_30(
     fast_outcome = _outcome(fast)  # before the next run drops this run's database
     slow = _run(settings, DemoConfig(**{**vars(config), "speed": 1.0, "run_dir": tmp_path / "slow"}))
     slow_outcome = _outcome(slow)
+    # the second run removed the first one's topics (their database too): demos leave nothing to pile up
+    admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    try:
+        left = [t for t in admin.list_topics() if t.startswith(fast.topic_prefix)]
+    finally:
+        admin.close()
+    assert fast.topic_prefix and left == []
     # The same incidents with the same alerts, and the same actions carried out on the same targets.
     # (Not compared: the proposals in between. At --speed 1 an incident is updated, and so re-diagnosed,
     # at more points than at 30x, where several alerts join within one wall second; see docs/demo.md.)
@@ -134,4 +142,5 @@ def test_the_same_seed_gives_the_same_incidents_and_actions_at_speed_1_and_30(
     incidents, runs = fast_outcome
     assert any("gpu_xid on gpu-node-000" in alerts for alerts in incidents)
     assert ("cordon_node", json.dumps({"node": "gpu-node-000"})) in runs
-    assert [r.mitigated for r in fast.rows] == [r.mitigated for r in slow.rows] == [True]
+    # (Not compared either: whether the SLO was back before the 4 minutes ended. The pipeline's wall
+    # latency is 30 times more simulated time at 30x, so the cordon lands at another simulated second.)
