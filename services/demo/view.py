@@ -77,8 +77,7 @@ class LiveView:
         self.rate: deque[tuple[float, int]] = deque(maxlen=20)
         self.anomalies: list[Anomaly] = []
         self.incidents: dict[str, IncidentEvent] = {}
-        self.diagnoses: dict[str, Diagnosis] = {}  # the latest of each incident
-        self.diagnosis_log: dict[str, list[Diagnosis]] = {}  # every one, in arrival order
+        self.diagnosis_log: dict[str, list[Diagnosis]] = {}  # every diagnosis of each incident, in arrival order
         self.runs: dict[str, RunView] = {}
         self.scores: deque[tuple[float, float]] = deque(maxlen=600)
         self.sim: dict[str, Any] = {}
@@ -105,6 +104,11 @@ class LiveView:
         self._stop.set()
         self._thread.join(10)
         self._consumer.close()
+
+    @property
+    def diagnoses(self) -> dict[str, Diagnosis]:
+        """The latest diagnosis of each incident."""
+        return {incident_id: log[-1] for incident_id, log in self.diagnosis_log.items()}
 
     def say(self, line: str) -> None:
         """A line in the view's narration (approvals, pages, what the demo is doing)."""
@@ -142,7 +146,6 @@ class LiveView:
             elif isinstance(event, IncidentEvent):
                 self.incidents[event.incident_id] = event
             elif isinstance(event, Diagnosis):
-                self.diagnoses[event.incident_id] = event
                 self.diagnosis_log.setdefault(event.incident_id, []).append(event)
             elif isinstance(event, RemediationEvent):
                 run = self.runs.setdefault(
@@ -201,12 +204,7 @@ class LiveView:
             return None
         if fault.get("resolved_at") is not None and fault.get("resolved_by") not in ("expired", "no_target"):
             return float(fault["resolved_at"]) - float(started)  # an action repaired it
-        done = [
-            r.succeeded_at
-            for i in self.incidents_of(fault)
-            for r in self.runs.values()
-            if r.incident_id == i and r.succeeded_at is not None
-        ]
+        done = [r.succeeded_at for r in self._acted(self.incidents_of(fault)) if r.succeeded_at is not None]
         if not done:
             return None
         before = [s for t, s in self.scores if started - 120 <= t < started]
@@ -225,8 +223,7 @@ class LiveView:
             if not log:
                 continue
             runs = sorted(  # best outcome first; of two that succeeded, the later one (it ended the fault)
-                (r for r in self.runs.values() if r.incident_id == incident_id and r.status not in ("blocked", "")),
-                key=lambda r: (RUN_RANK.get(r.status, 9), -(r.succeeded_at or 0.0)),
+                self._acted([incident_id]), key=lambda r: (RUN_RANK.get(r.status, 9), -(r.succeeded_at or 0.0))
             )
             acted = [d for d in log if runs and d.proposed_playbook == runs[0].playbook]
             top = (acted or log)[-1].hypotheses[0]
@@ -235,17 +232,18 @@ class LiveView:
 
     def run_for(self, fault: dict[str, Any]) -> str:
         """The remediations of the fault's incidents that did something, best outcome first."""
-        incidents = set(self.incidents_of(fault))
-        runs = [r for r in self.runs.values() if r.incident_id in incidents and r.status not in ("blocked", "")]
-        runs.sort(key=lambda r: RUN_RANK.get(r.status, 9))
+        runs = sorted(self._acted(self.incidents_of(fault)), key=lambda r: RUN_RANK.get(r.status, 9))
         shown = list(dict.fromkeys(f"{r.playbook} (L{r.level}): {r.status}" for r in runs))
         return "; ".join(shown[:3]) or "-"
 
     def paged(self, fault: dict[str, Any]) -> bool:
         """Whether the fault's incident was handed to a human (a level-3 run)."""
-        return any(
-            r.status == "paged" for i in self.incidents_of(fault) for r in self.runs.values() if r.incident_id == i
-        )
+        return any(r.status == "paged" for r in self._acted(self.incidents_of(fault)))
+
+    def _acted(self, incidents: list[str]) -> list[RunView]:
+        """The runs of these incidents that did something (not blocked), in the order they were seen."""
+        wanted = set(incidents)
+        return [r for r in self.runs.values() if r.incident_id in wanted and r.status not in ("blocked", "")]
 
     def slo_impact(self, fault: dict[str, Any]) -> str:
         """The lowest SLO score while the fault was active."""
