@@ -358,7 +358,7 @@ class LLMDiagnostician(Diagnostician):
         if answer.proposed_playbook is not None and playbook is None:
             notes.append(_dropped_note(answer.proposed_playbook, allowed))
         params = playbook_params(playbook, evidence)  # targets from the topology labels, whatever the model wrote
-        if playbook in PLAYBOOK_PARAMS and PLAYBOOK_PARAMS[playbook] and not fillable(playbook, evidence):
+        if playbook and PLAYBOOK_PARAMS.get(playbook) and not fillable(playbook, evidence, params):
             notes.append(
                 f"{playbook}: the incident's own telemetry does not give its parameters ({params}); not proposed"
             )

@@ -391,15 +391,13 @@ def playbook_params(playbook: str | None, evidence: Evidence) -> dict[str, Any]:
     return params
 
 
-def fillable(playbook: str, evidence: Evidence) -> bool:
-    """Whether the playbook acts on a target and :func:`playbook_params` gives parameters it accepts."""
+def fillable(playbook: str, evidence: Evidence, params: dict[str, Any] | None = None) -> bool:
+    """Whether the playbook acts on a target and its parameters (default :func:`playbook_params`) do."""
     info = playbook_catalog().get(playbook)
     if info is None or not info.targets:
         return False
-    params = playbook_params(playbook, evidence)
-    if info.targets and not params.keys() & (set(info.targets) - {"namespace"}):
-        return False
-    return not info.params_error(params)
+    params = playbook_params(playbook, evidence) if params is None else params
+    return info.names_target(params) and not info.params_error(params)
 
 
 NOT_CORROBORATED_NOTE = (
@@ -467,7 +465,7 @@ def review_action(top: Hypothesis | None, evidence: Evidence, index: RunbookInde
         reasons.append(NO_GPU_SOURCE_NOTE)
     params = playbook_params(playbook, evidence)
     info = playbook_catalog().get(playbook)
-    if PLAYBOOK_PARAMS.get(playbook) and not (params.keys() & set(PLAYBOOK_PARAMS[playbook]) - {"namespace"}):
+    if info is not None and not info.names_target(params):
         reasons.append(NO_TARGET_NOTE.format(playbook=playbook))
     elif info is not None and (problem := info.params_error(params)):
         reasons.append(UNFILLED_PARAMS_NOTE.format(problem=problem))

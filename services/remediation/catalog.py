@@ -42,6 +42,10 @@ class PlaybookInfo:
     description: str = ""
     playbook: Playbook | None = field(default=None, repr=False, compare=False)
 
+    def names_target(self, params: Mapping[str, Any]) -> bool:
+        """Whether ``params`` name what the playbook acts on (a namespace alone names nothing)."""
+        return not self.targets or bool(params.keys() & (set(self.targets) - {"namespace"}))
+
     def params_error(self, params: Mapping[str, Any]) -> str:
         """Why ``params`` would be refused by the playbook ("" when they validate)."""
         assert self.playbook is not None
