@@ -19,13 +19,11 @@ import contextlib
 import itertools
 import json
 import re
-import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -42,6 +40,7 @@ from services.simulator.scenario import Scenario
 from services.simulator.simulator import Simulator
 from services.simulator.sinks import PrometheusSink
 from tests.conftest import poll
+from tests.httpstub import StubHandler, serving
 from tests.integration.test_ingest_stack import _component, _ingest, _scrape_and_remote_write, _TopicReader
 from tests.loki_standin import LokiStandIn
 
@@ -244,25 +243,12 @@ def test_pull_prom_publishes_query_range_samples_and_resumes_without_gaps(stack:
 def _broken_endpoint() -> Iterator[str]:
     """A /metrics endpoint that serves text that is not the exposition format."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(StubHandler):
         def do_GET(self) -> None:
-            body = b"DCGM_FI_DEV_GPU_TEMP{gpu=0 71\n"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(200, b"DCGM_FI_DEV_GPU_TEMP{gpu=0 71\n", "text/plain; version=0.0.4")
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield f"{url}/metrics"
 
 
 def test_medic_ingest_scrape_reads_the_simulator_and_dead_letters_a_broken_target(stack: Stack) -> None:

@@ -17,7 +17,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -31,6 +30,7 @@ from services.core.settings import Settings
 from services.ingest.aiopublisher import AioKafkaPublisher
 from services.ingest.http import ALERTMANAGER_PATH, create_app
 from tests.conftest import REPO, poll
+from tests.httpstub import StubHandler, serving
 
 pytestmark = pytest.mark.integration
 
@@ -80,26 +80,12 @@ def _ingest(settings: Settings) -> Iterator[tuple[str, object]]:
 def _metrics_endpoint() -> Iterator[str]:
     """A tiny /metrics endpoint with DCGM and vLLM exposition text (the simulator's, later)."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(StubHandler):
         def do_GET(self) -> None:
-            body = EXPOSITION.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(200, EXPOSITION.encode(), "text/plain; version=0.0.4")
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url.removeprefix("http://")
 
 
 def _scrape_and_remote_write(target: str, ingest_url: str) -> str:

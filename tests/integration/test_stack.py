@@ -13,7 +13,6 @@ import signal
 import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from services.simulator.live import kubeconfig
 from services.stack import ROLES, ROLES_BY_NAME, SKIPPED, Role, Stack, StackError, _alive
 from services.store.db import migrate
 from tests.conftest import free_port, poll
+from tests.httpstub import StubHandler, serving
 
 pytestmark = pytest.mark.integration
 
@@ -124,32 +124,21 @@ def events_api() -> Iterator[str]:
         "lastTimestamp": "2026-01-01T00:00:00Z",
     }
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(StubHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
             watching = "watch=true" in self.path
             body = b"" if watching else json.dumps({"metadata": {"resourceVersion": "7"}, "items": [event]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(200, body)
             if watching:
                 closing.wait(60)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        closing.set()
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        try:
+            yield url
+        finally:
+            closing.set()
 
 
 def test_with_a_kubeconfig_the_events_watch_runs_and_is_ready_once_its_first_list_is_published(

@@ -6,7 +6,6 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -17,6 +16,7 @@ from services.core.events import DeadLetter, KubeEvent
 from services.ingest.kube import EventWatcher
 from services.ingest.normalise import kube_event
 from tests.conftest import poll
+from tests.httpstub import StubHandler, serving
 
 
 def _event(name: str, rv: int, reason: str, count: int = 1) -> dict[str, Any]:
@@ -48,8 +48,8 @@ class _Api:
         self.release = threading.Event()
 
 
-def _server(api: _Api) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
+def _handler(api: _Api) -> type[StubHandler]:
+    class Handler(StubHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
@@ -64,11 +64,7 @@ def _server(api: _Api) -> ThreadingHTTPServer:
                 body = json.dumps(
                     {"kind": "EventList", "apiVersion": "v1", "metadata": {"resourceVersion": version}, "items": items}
                 ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.reply(200, body)
                 return
             rv = query.get("resourceVersion", "")
             api.requests.append(f"watch@{rv}")
@@ -107,24 +103,17 @@ def _server(api: _Api) -> ThreadingHTTPServer:
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    return ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    return Handler
 
 
 @pytest.fixture
 def api_server() -> Iterator[tuple[_Api, str]]:
     api = _Api()
-    server = _server(api)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield api, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        api.release.set()
-        server.shutdown()
-        server.server_close()
+    with serving(_handler(api)) as url:
+        try:
+            yield api, url
+        finally:
+            api.release.set()  # before the shutdown: a watch waiting on it holds its request thread
 
 
 def test_watcher_survives_a_drop_and_a_410_without_losing_or_repeating_an_event(
@@ -189,7 +178,7 @@ def test_a_failing_first_list_is_retried_instead_of_ending_the_watcher(caplog: p
     # the API server answers 503 at first (starting, overloaded): watch-k8s used to exit on it
     lists: list[int] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(StubHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
@@ -197,9 +186,7 @@ def test_a_failing_first_list_is_retried_instead_of_ending_the_watcher(caplog: p
             if not watch:
                 lists.append(1)
             if not watch and len(lists) == 1:
-                self.send_response(503)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                self.reply(503, content_type=None)
                 return
             body = (
                 b""
@@ -208,19 +195,10 @@ def test_a_failing_first_list_is_retried_instead_of_ending_the_watcher(caplog: p
                     {"kind": "EventList", "apiVersion": "v1", "metadata": {"resourceVersion": "11"}, "items": [E1]}
                 ).encode()
             )
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(200, body)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        configuration = client.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
+    with serving(Handler) as url:
+        configuration = client.Configuration(host=url)
         received: list[KubeEvent | DeadLetter] = []
         watcher = EventWatcher(client.ApiClient(configuration), received.extend, watch_timeout_s=5)
         thread = threading.Thread(target=watcher.run, kwargs={"backoff_s": 0.05}, daemon=True)
@@ -232,8 +210,5 @@ def test_a_failing_first_list_is_retried_instead_of_ending_the_watcher(caplog: p
         ) == 1
         watcher.stop()
         thread.join(10)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert [e.involved_object.name for e in received if isinstance(e, KubeEvent)] == ["pod-e1"]
     assert len(lists) >= 2 and watcher.reconnects >= 1
