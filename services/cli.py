@@ -155,7 +155,7 @@ def pipeline(
         names = [n.strip() for n in settings.detectors.split(",") if n.strip()]
         register_detect(pipe, build_detectors(settings, names), model_refresh_s=settings.detect_model_refresh_s)
     elif role == "correlate":
-        from pipelines.correlate.agent import register_correlate
+        from pipelines.correlate.agent import CorrelateOptions, register_correlate
         from services.alerting.config import load_routing
         from services.alerting.notification import Notification
         from services.celery_app import configure
@@ -169,7 +169,9 @@ def pipeline(
             # receiver) sends none
             enqueue(notification, config)
 
-        register_correlate(pipe, config, notify=notify)
+        register_correlate(
+            pipe, config, notify=notify, options=CorrelateOptions(clock_rate=settings.correlate_clock_rate)
+        )
     elif role == "smoke":
 
         async def print_event(event: object) -> None:

@@ -131,6 +131,8 @@ class CorrelateOptions:
         anomaly_batch: write the anomaly history as soon as this many anomalies wait (else at the
             next checkpoint).
         anomaly_prune_s: least event time between two prunes of the anomaly history.
+        clock_rate: event seconds a tick adds per wall second since the last ingest (Settings'
+            ``correlate_clock_rate``: 1, or a simulation's speed).
     """
 
     tick_s: float = 1.0
@@ -141,6 +143,7 @@ class CorrelateOptions:
     retry_max_s: float = 10.0
     anomaly_batch: int = 500
     anomaly_prune_s: float = 3600.0
+    clock_rate: float = 1.0
 
 
 # ------------------------------------------------------------------------------ engines (no I/O)
@@ -160,11 +163,13 @@ class Correlator:
     Args:
         config: the routing config every engine runs.
         clock: a monotonic wall clock in seconds (injected by tests).
+        rate: event seconds per wall second between two ingests (a simulation's speed; 1 in production).
     """
 
-    def __init__(self, config: RoutingConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: RoutingConfig, clock: Callable[[], float] = time.monotonic, rate: float = 1.0) -> None:
         self.config = config
         self.clock = clock
+        self.rate = rate
         self.engines: dict[str, Engine] = {}
         self.dirty: set[str] = set()
         self.silences: list[Silence] = []
@@ -257,11 +262,12 @@ class Correlator:
         self.dirty.add(cluster)
 
     def tick_time(self, cluster: str) -> float | None:
-        """Engine time to tick the cluster with now: last ingest's engine time plus the wall time since."""
+        """Engine time to tick the cluster with now: last ingest's engine time plus the wall time since
+        (times the clock rate)."""
         at = self._clocks.get(cluster)
         if at is None or at.engine_time is None:
             return None
-        return at.engine_time + max(0.0, self.clock() - at.wall)
+        return at.engine_time + max(0.0, self.clock() - at.wall) * self.rate
 
     def event_time(self) -> float | None:
         """The earliest engine clock among the clusters held (None before any): the anomaly history's clock.
@@ -464,7 +470,7 @@ def register_correlate(
     opts = options or CorrelateOptions()
     app, topics, settings = pipeline.app, pipeline.topics, pipeline.settings
     store = store or PostgresCorrelateStore(settings)
-    correlator = Correlator(config, clock)
+    correlator = Correlator(config, clock, rate=opts.clock_rate)
     history = AnomalyHistory(settings.anomaly_retention_s, opts.anomaly_batch, opts.anomaly_prune_s)
     by_cluster = app.topic(
         settings.topic(BY_CLUSTER_TOPIC),

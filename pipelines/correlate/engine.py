@@ -27,7 +27,8 @@ window, else opens one (muted alerts join but never open). A GPU or node alert j
 through its pod or model alerts only while the incident is younger than the window (hardware faults
 show in serving within moments, so one that appears later is a new fault), and so does an alert
 related to the incident's members only as a neighbour on their node. Incident changes are
-:class:`IncidentEvent` values (opened, updated, mitigated, resolved).
+:class:`IncidentEvent` values (opened, updated, mitigated, resolved); opened and updated go out in
+batches, ``incidents.group_wait`` after opening and then at most once per ``incidents.group_interval``.
 
 Timers (resolve timeout, flap end, escalation, incident resolution, group flushes) fire in time
 order at their own due time, however coarse the ticks are, so the outcome does not depend on how
@@ -75,8 +76,8 @@ NFLOG_RETENTION_S = 120 * 3600.0
 _SEVERITY_BY_RANK = {rank: name for name, rank in SEVERITY_RANK.items()}
 
 # Timer kinds, in the order they run when due at the same instant: alert state first, so incident
-# checks and flushes see it.
-_TIMEOUT, _FLAP_END, _ESCALATE, _INCIDENT_RESOLVE, _FLUSH = range(5)
+# checks and flushes see it; announcements last, so a batch holds every change of its instant.
+_TIMEOUT, _FLAP_END, _ESCALATE, _INCIDENT_RESOLVE, _FLUSH, _ANNOUNCE = range(6)
 
 
 class Engine:
@@ -189,6 +190,7 @@ class Engine:
         at = self._advance(now, out)
         inc = self.incidents.get(incident)
         if inc is not None and inc.state == "open":
+            self._announce_pending(inc, at, out)
             inc.state = "mitigated"
             inc.mitigated_at = at
             inc.updated_at = at
@@ -309,8 +311,7 @@ class Engine:
         if alert.status == "firing" and before != "firing" and inc.state == "mitigated":
             inc.state = "open"
         self._rate(inc, at)
-        inc.updated_at = at
-        out.append(self._incident_event(inc, "updated", at))
+        self._changed(inc, at, out)
 
     def _activate(self, alert: Alert, at: float) -> None:
         """Route stage thresholds: become active on each route whose N-in-M is met, and join its group."""
@@ -404,6 +405,8 @@ class Engine:
                     resolve = max(m.resolved_at or 0.0 for m in members) + resolve_after
             self._set_timer(_ESCALATE, iid, escalate)
             self._set_timer(_INCIDENT_RESOLVE, iid, resolve)
+            live = inc is not None and inc.pending and inc.state != "resolved"
+            self._set_timer(_ANNOUNCE, iid, inc.announce_at if live and inc is not None else None)
         self._dirty_incidents.clear()
         for key in self._dirty_groups:
             group = self.groups.get(key)
@@ -440,7 +443,7 @@ class Engine:
             self.clock = at
             if kind in (_TIMEOUT, _FLAP_END):
                 self._touch_alert(key)
-            elif kind in (_ESCALATE, _INCIDENT_RESOLVE):
+            elif kind in (_ESCALATE, _INCIDENT_RESOLVE, _ANNOUNCE):
                 self._dirty_incidents.add(key)
             else:
                 self._dirty_groups.add(key)
@@ -458,15 +461,17 @@ class Engine:
                 inc = self.incidents[key]
                 inc.escalation = inc.escalation or "checked"
                 if self._rate(inc, at):
-                    inc.updated_at = at
-                    out.append(self._incident_event(inc, "updated", at))
+                    self._changed(inc, at, out)
             elif kind == _INCIDENT_RESOLVE:
                 inc = self.incidents[key]
+                self._announce_pending(inc, at, out)
                 inc.state = "resolved"
                 inc.resolved_at = at
                 inc.updated_at = at
                 self._closed(inc)
                 out.append(self._incident_event(inc, "resolved", at))
+            elif kind == _ANNOUNCE:
+                self._announce_pending(self.incidents[key], at, out)
             else:
                 self._flush(self.groups[key], at, out)
             self._attach(at, out)
@@ -569,8 +574,7 @@ class Engine:
                 if alert.status == "firing" and inc.state == "mitigated":
                     inc.state = "open"
                 self._rate(inc, at)
-                inc.updated_at = at
-                out.append(self._incident_event(inc, "updated", at))
+                self._changed(inc, at, out)
             elif not self.muted(alert, at):
                 route = self._routes[alert.active_routes[0]]
                 key, _ = group_of(route, alert.labels)
@@ -581,12 +585,39 @@ class Engine:
                     severity=alert.severity,
                     members=[alert.fingerprint],
                     updated_at=at,
+                    announced=False,
+                    announce_at=at + self.config.correlation.incidents.group_wait,
                 )
                 self.incidents[inc.id] = inc
                 alert.incident_id = inc.id
                 self._joined(inc, alert.fingerprint)
                 self._rate(inc, at)
-                out.append(self._incident_event(inc, "opened", at))
+                self._changed(inc, at, out)
+
+    def _changed(self, inc: Incident, at: float, out: list[Action]) -> None:
+        """An open incident changed: announce it now, or when its batching allows.
+
+        As Alertmanager batches a group's notifications, a new incident is announced (``opened``)
+        ``incidents.group_wait`` after it opened, holding every alert that joined by then, and later
+        changes at most once per ``incidents.group_interval``. Each announcement is diagnosed, so a
+        diagnosis sees the alerts of one fault together instead of its first symptom alone, and the
+        instants it happens at depend on event time only (the same at any simulation speed).
+        """
+        inc.updated_at = at
+        inc.pending = True
+        self._dirty_incidents.add(inc.id)
+        if inc.announce_at is None or inc.announce_at <= at:
+            self._announce_pending(inc, at, out)
+
+    def _announce_pending(self, inc: Incident, at: float, out: list[Action]) -> None:
+        """Emit the incident's waiting change (``opened`` the first time, then ``updated``), if any."""
+        if not inc.pending:
+            return
+        kind = "updated" if inc.announced else "opened"
+        inc.announced, inc.pending = True, False
+        inc.announce_at = at + self.config.correlation.incidents.group_interval
+        self._dirty_incidents.add(inc.id)
+        out.append(self._incident_event(inc, kind, at))
 
     def _anchor_of(self, alert: Alert) -> Anchor:
         found = self._anchors.get(alert.fingerprint)

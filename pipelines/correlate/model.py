@@ -134,6 +134,12 @@ class Incident(Record):
     mitigated_at: float | None = None
     resolved_at: float | None = None
     escalation: str = ""
+    # Announcing (see Engine._changed): whether the opened event went out, whether a change waits
+    # to be announced, and when the next announcement may go. An incident restored from a state
+    # written before announcing existed was announced already.
+    announced: bool = True
+    pending: bool = False
+    announce_at: float | None = None
 
 
 def incident_id(group_key: str, first_fingerprint: str, opened_at: float) -> str:

@@ -248,6 +248,11 @@ class IncidentConfig(_Strict):
 
     resolve_after: Duration = 300.0
     retention: Duration = 86400.0
+    # Announcing, as Alertmanager batches a group's notifications: a new incident gathers alerts for
+    # group_wait before its opened event (and so its first diagnosis); later changes go out at most
+    # once per group_interval. 0 announces every change at once.
+    group_wait: Duration = 0.0
+    group_interval: Duration = 0.0
     escalation: EscalationConfig = Field(default_factory=EscalationConfig)
 
 

@@ -218,7 +218,17 @@ class Settings(BaseSettings):
         default=None, description="Hostname label of NVML readings (default: this host's name; in Kubernetes the node)."
     )
 
-    # Correlate: the anomaly history it writes (pipelines/correlate; docs/correlation.md)
+    # Correlate: its clock and the anomaly history it writes (pipelines/correlate; docs/correlation.md)
+    correlate_clock_rate: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description=(
+            "Event seconds the correlate clock advances per wall second while no anomaly arrives (its timers:"
+            " group_wait, repeat, auto-resolve). 1 in production; `medic demo` sets its --speed, since the"
+            " simulator's telemetry then carries that many simulated seconds per wall second."
+        ),
+    )
     anomaly_retention_s: float = Field(
         default=604800.0,
         gt=0,

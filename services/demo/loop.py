@@ -152,7 +152,9 @@ class Processes:
         return [name for name, proc in self.started if proc.poll() is not None]
 
 
-def demo_env(settings: Settings, ports: Ports, tokens: dict[str, str], files: dict[str, Path]) -> dict[str, str]:
+def demo_env(
+    settings: Settings, ports: Ports, tokens: dict[str, str], files: dict[str, Path], speed: float
+) -> dict[str, str]:
     """The environment every process of the demo shares: its ports, tokens, topics and configuration files.
 
     The run has topics, consumer groups and a Redis database of its own, so it neither reads what an
@@ -172,6 +174,8 @@ def demo_env(settings: Settings, ports: Ports, tokens: dict[str, str], files: di
             "CLUSTERMEDIC_FAUST_WEB_PORT": str(ports.faust_detect),
             "CLUSTERMEDIC_REMEDIATION_CONFIG": str(files["remediation"]),
             "CLUSTERMEDIC_ROUTING_CONFIG": str(files["routing"]),
+            # the correlate clock runs at the simulation's pace between two anomalies
+            "CLUSTERMEDIC_CORRELATE_CLOCK_RATE": str(speed),
             "CLUSTERMEDIC_INGEST_K8S_KUBECONFIG": str(files["kubeconfig"]),
             "CLUSTERMEDIC_NOTIFY_PAGERDUTY_URL": files["pagerduty_url"].read_text().strip(),
             "CLUSTERMEDIC_KAFKA_PORT": str(settings.kafka_port),
@@ -273,7 +277,7 @@ def running_demo(
     vendor = VendorServer().start()
     files = write_configs(run_dir, ports, vendor.url, config.speed)
     (files["secrets"] / "ingest-token").write_text(tokens["ingest"])
-    env = demo_env(settings, ports, tokens, files)
+    env = demo_env(settings, ports, tokens, files, config.speed)
     procs = Processes()
     stack = Stack(
         settings.model_copy(update={"ingest_port": ports.ingest, "api_port": ports.api}),

@@ -93,6 +93,16 @@ def test_ticks_advance_engine_time_by_the_wall_time_since_the_last_anomaly():
     assert len(notes) == 1 and notes[0].ts == 5010.0  # group_wait fires at its own due time
 
 
+def test_under_a_faster_simulation_ticks_advance_engine_time_at_its_speed():
+    # at --speed 30 the telemetry carries 30 simulated seconds per wall second: so do the ticks, or a
+    # group_wait after the last anomaly would take 30 times as long in simulated time
+    clock = FakeClock(100.0)
+    c = Correlator(ROUTING, clock, rate=30.0)
+    c.ingest("c1", anomaly("GPU-1", 5000.0))
+    clock.now = 100.5
+    assert c.tick_time("c1") == 5015.0
+
+
 def test_silences_from_the_store_are_added_replaced_and_expired_in_every_engine():
     c = Correlator(ROUTING, FakeClock())
     c.ingest("c1", anomaly("GPU-1", 1000.0))

@@ -35,6 +35,8 @@ correlation:
   topology: {window: 10m}
   incidents:
     resolve_after: %(resolve)s
+    group_wait: %(wait)s
+    group_interval: %(interval)s
     escalation: {warning_members: %(k)s, after: %(after)s}
 """
 
@@ -45,8 +47,9 @@ MODEL = "llama-3-8b"
 GPU = "GPU-5d4c3b2a-0000-1111-2222-333344445555"
 
 
-def engine(k: str = "null", after: str = "null", resolve: str = "5m") -> Engine:
-    return Engine(loads_routing(CONFIG % {"k": k, "after": after, "resolve": resolve}))
+def engine(k: str = "null", after: str = "null", resolve: str = "5m", wait: str = "0s", interval: str = "0s") -> Engine:
+    fields = {"k": k, "after": after, "resolve": resolve, "wait": wait, "interval": interval}
+    return Engine(loads_routing(CONFIG % fields))
 
 
 def anomaly(signal: str, entity: str, kind: str, ts: float = 0.0, **fields: object) -> Anomaly:
@@ -393,6 +396,12 @@ def test_restart_from_serialised_state_continues_identically(restart_after):
     assert run(engine(k="3"), timeline(), restart_after) == run(engine(k="3"), timeline())
 
 
+@pytest.mark.parametrize("restart_after", range(len(timeline())))
+def test_a_restart_while_changes_wait_to_be_announced_loses_none(restart_after):
+    batched = {"k": "3", "wait": "30s", "interval": "1m"}
+    assert run(engine(**batched), timeline(), restart_after) == run(engine(**batched), timeline())
+
+
 def test_state_is_json_safe_and_round_trips():
     eng = engine()
     eng.silences.add(Silence.of(['pod="x"'], starts_at=0, ends_at=100))
@@ -411,3 +420,73 @@ def test_forgotten_state_stays_small():
     run(eng, timeline())
     eng.tick(200_000)
     assert eng.alerts == {} and eng.groups == {} and eng.incidents == {}
+
+
+# ---------------------------------------------------------------------------------- announcing
+
+
+def test_a_new_incident_is_announced_after_group_wait_with_every_alert_that_joined():
+    eng = engine(wait="30s", interval="1m")
+    eng.observe_topology(vllm_labels(), 0)
+    assert incident_events(eng.ingest(xid(0), 0)) == []
+    assert incident_events(eng.ingest(crashloop(10), 10)) == []
+    assert incident_events(eng.tick(29.9)) == []
+    (opened,) = incident_events(eng.tick(30))
+    # one event, diagnosed once, holding the fault's first symptoms together
+    assert opened.kind == "opened" and opened.ts == 30 and opened.opened_at == 0
+    assert [a.signal for a in opened.alerts] == ["gpu_xid", "pod_crashloop"]
+
+
+def test_later_changes_are_announced_at_most_once_per_group_interval():
+    eng = engine(wait="30s", interval="1m")
+    eng.observe_topology(vllm_labels(), 0)
+    eng.ingest(xid(0), 0)
+    (opened,) = incident_events(eng.tick(30))
+    assert incident_events(eng.ingest(slo_burn(40), 40)) == []
+    assert incident_events(eng.ingest(kube_event(50), 50)) == []
+    assert incident_events(eng.tick(89)) == []
+    (updated,) = incident_events(eng.tick(90))
+    assert updated.kind == "updated" and updated.ts == 90
+    assert [a.signal for a in updated.alerts] == ["gpu_xid", "ttft_slo_burn", "kube_warning_event"]
+    # a change after a quiet group_interval goes out at once
+    (later,) = incident_events(eng.ingest(crashloop(300), 300))
+    assert later.kind == "updated" and later.ts == 300 and len(later.alerts) == 4
+    assert {e.incident_id for e in (opened, updated, later)} == {opened.incident_id}
+
+
+def test_announcements_do_not_depend_on_how_often_the_engine_is_ticked():
+    # At --speed 30 the correlate agent ticks rarely in simulated time; at --speed 1, every simulated
+    # second. Timers fire at their own due time, so the batches are the same.
+    steps = [(0.0, xid(0)), (12.0, crashloop(12)), (45.0, slo_burn(45)), (70.0, kube_event(70))]
+
+    def announced(tick_every: float | None) -> list[tuple[str, float, tuple[str, ...]]]:
+        eng = engine(wait="30s", interval="1m")
+        eng.observe_topology(vllm_labels(), 0)
+        out: list = []
+        clock = 0.0
+        for t, a in steps:
+            while tick_every is not None and clock + tick_every < t:
+                clock += tick_every
+                out += eng.tick(clock)
+            out += eng.ingest(a, t)
+            clock = t
+        out += eng.tick(400)
+        return [(e.kind, e.ts, tuple(x.signal for x in e.alerts)) for e in incident_events(out)]
+
+    coarse, fine = announced(None), announced(0.5)
+    assert coarse == fine
+    assert [(kind, ts) for kind, ts, _ in coarse] == [("opened", 30.0), ("updated", 90.0)]
+
+
+def test_a_waiting_change_goes_out_before_the_incident_is_mitigated_or_resolved():
+    eng = engine(wait="10m", interval="10m", resolve="1m")
+    (opened,) = incident_events(eng.ingest(crashloop(0), 0) + eng.tick(600))
+    eng.ingest(kube_event(610), 610)
+    # the kube event joined but waits; mitigating announces it first, then the mitigation
+    events = incident_events(eng.mitigate(opened.incident_id, 620))
+    assert [(e.kind, len(e.alerts)) for e in events] == [("updated", 2), ("mitigated", 2)]
+    # an incident whose alerts all resolved before its first announcement still says it opened
+    eng2 = engine(wait="10m", resolve="1m")
+    eng2.ingest(crashloop(0), 0)
+    eng2.ingest(crashloop(5, status="resolved"), 5)
+    assert [e.kind for e in incident_events(eng2.tick(65))] == ["opened", "resolved"]
