@@ -3,7 +3,7 @@
 Every stage is the object the stack's role runs, fed without a broker (docs/evaluation.md):
 
 * the simulator (:class:`~services.simulator.simulator.Simulator`) steps one simulated second at a time;
-* its telemetry goes through :class:`pipelines.evaluate.OfflineDetect` (the detect role's objects) and
+* its telemetry goes through :class:`evals.detect.OfflineDetect` (the detect role's objects) and
   the correlation :class:`~pipelines.correlate.engine.Engine` with ``infra/config/routing.yaml``;
 * every ``opened``/``updated`` incident is diagnosed by the offline ranker (signals, no knowledge base),
   as the diagnostician service does, and submitted to the remediation
@@ -44,10 +44,10 @@ from typing import Any, TextIO
 
 import httpx
 
+from evals.diagnose import FAULT_CAUSES, FAULT_SCENARIOS, alert_matches, pick_incident, xid_cause
 from services.core.events import Diagnosis, IncidentEvent, KubeEvent, RemediationEvent
 from services.core.paths import REPO_ROOT
 from services.core.settings import Settings
-from services.diagnostician.evaluate import FAULT_CAUSES, FAULT_SCENARIOS, alert_matches, pick_incident, xid_cause
 from services.diagnostician.ranker import RunbookIndex
 from services.remediation.errors import ActuatorError, VerificationFailed, VerificationPending
 from services.remediation.executor import Executor, StaleTask
@@ -432,9 +432,9 @@ def run_episode(
         approval_delay_s: simulated seconds before the simulated human approves a level-2 run.
         duration_s: simulated seconds to run (default :func:`episode_duration`).
     """
+    from evals.detect import OfflineDetect
     from pipelines.correlate.engine import Engine
     from pipelines.detect import build_detectors
-    from pipelines.evaluate import OfflineDetect
     from services.alerting.config import load_routing
     from services.diagnostician.diagnostician import RankerDiagnostician
     from services.diagnostician.tools import ChangeLog

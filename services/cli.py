@@ -304,12 +304,12 @@ def detect_evaluate(
 ) -> None:
     """Detection rate, delay and right-entity rate per fault type, and false positives on fault-free runs.
 
-    Runs the detect role's own objects (pipelines.evaluate.OfflineDetect) over seeded simulator scenarios;
+    Runs the detect role's own objects (evals.detect.OfflineDetect) over seeded simulator scenarios;
     prints a table on stderr and the JSON summary on stdout.
     """
+    from evals.detect import FAULT_FREE_SCENARIO, ScenarioResult, evaluate, fault_scenarios, summarise
     from pipelines.detect import DetectorSet, build_detectors
     from pipelines.detectors.registry import DETECTORS
-    from pipelines.evaluate import FAULT_FREE_SCENARIO, ScenarioResult, evaluate, fault_scenarios, summarise
 
     settings = _settings()
     if scenario and all_faults:

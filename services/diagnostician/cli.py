@@ -127,14 +127,14 @@ def eval_cmd(
     """Top-1/top-3 root-cause accuracy and latency of the offline ranker on seeded simulator faults.
 
     With ``--nezha DIR`` the faults are instead those of a Nezha RCA data set, replayed as metric streams
-    (services/diagnostician/nezha.py); the other options do not apply.
+    (evals/nezha.py); the other options do not apply.
     """
     if nezha is not None:
         _eval_nezha(nezha)
         return
+    from evals.diagnose import evaluate, summarise
     from services.diagnostician.diagnostician import RankerDiagnostician
     from services.diagnostician.embedder import make_embedder
-    from services.diagnostician.evaluate import evaluate, summarise
     from services.diagnostician.ranker import runbook_index
 
     first, _, last = seeds.partition("-")
@@ -158,8 +158,8 @@ def eval_cmd(
 
 def _eval_nezha(root: Path) -> None:
     """``medic eval diagnose --nezha DIR``: the table on stderr, the JSON summary on stdout."""
+    from evals.nezha import evaluate_nezha, format_table, summarise
     from services.diagnostician.documents import default_knowledge_dir
-    from services.diagnostician.nezha import evaluate_nezha, format_table, summarise
 
     settings = Settings()
     try:

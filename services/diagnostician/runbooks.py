@@ -23,7 +23,7 @@ File layout::
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,44 +37,6 @@ from services.remediation.catalog import playbook_levels
 # read from the playbook classes. A runbook may ask for a *higher* level than the default (more
 # caution), never a lower one: the level is a guardrail and a markdown file must not be able to switch it off.
 PLAYBOOK_DEFAULT_LEVELS: dict[str, int] = playbook_levels()
-
-# Signal names the detectors emit on ``anomalies.v1`` (``Anomaly.signal``).
-ANOMALY_SIGNALS: frozenset[str] = frozenset(
-    {
-        "gpu_xid",
-        "ecc_sbe_rate",
-        "ecc_dbe",
-        "row_remap_pending",
-        "row_remap_failure",
-        "gpu_thermal_throttle",
-        "gpu_power_throttle",
-        "nvlink_errors",
-        "vram_leak",
-        "cuda_oom",
-        "kv_cache_saturation",
-        "queue_saturation",
-        "preemption_storm",
-        "ttft_slo_burn",
-        "e2e_slo_burn",
-        "error_rate",
-        "nccl_timeout",
-        "engine_dead",
-        "log_new_template",
-        "log_template_burst",
-        "pod_oomkilled",
-        "pod_crashloop",
-        "node_not_ready",
-        "node_flapping",
-        "failed_scheduling",
-        "pod_evicted",
-        "probe_unhealthy",
-        "metric_outlier",
-        "sequence_anomaly",
-        "latency_regression",
-        "revision_regression",
-        "network_latency",
-    }
-)
 
 # Metric families a runbook may cite: DCGM exporter, vLLM, TGI, Triton, kube-state-metrics, kubelet,
 # cAdvisor, node exporter and blackbox exporter. Anything else is almost certainly a typo.
@@ -140,7 +102,9 @@ class Signals(BaseModel):
         logs: drain3-style log templates, ``<*>`` for variable parts.
         events: Kubernetes event reasons (``NodeNotReady``, ``FailedScheduling``...).
         xid: NVIDIA XID codes, when the failure mode is one.
-        anomalies: detector signal names (see :data:`ANOMALY_SIGNALS`).
+        anomalies: detector signal names (``Anomaly.signal``), snake_case. Which signals exist is declared
+            by the detectors; services do not import them, so the entrypoints check the names with
+            :func:`check_anomaly_signals` against the catalog derived from the detectors.
         scope: the blast radius it shows, when that tells it apart: ``pod`` (one replica), ``deployment``
             (the replicas of one deployment, across nodes) or ``node`` (the replicas of several deployments
             on one node). A network fault on a node slows every model there; a bad release slows one
@@ -183,9 +147,9 @@ class Signals(BaseModel):
     @field_validator("anomalies")
     @classmethod
     def _anomaly_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [name for name in value if name not in ANOMALY_SIGNALS]
+        bad = [name for name in value if not _SNAKE.match(name)]
         if bad:
-            raise ValueError(f"unknown anomaly signals: {bad}")
+            raise ValueError(f"anomaly signals must be snake_case signal names: {bad}")
         return value
 
 
@@ -342,6 +306,26 @@ def load_runbooks(root: Path) -> list[Runbook]:
     _check_unique(runbooks, "id", (rb.id for rb in runbooks))
     _check_unique(runbooks, "root_cause", (rb.root_cause for rb in runbooks))
     return runbooks
+
+
+def check_anomaly_signals(runbooks: Iterable[Runbook], known: Collection[str]) -> None:
+    """Fail when a runbook names an anomaly signal that nothing emits.
+
+    Such a signal would never match, and nobody would notice: the runbook would only look weaker (its
+    signal vector is longer). ``known`` is what the detectors declare (the CLI passes
+    ``pipelines.detectors.registry.signal_catalog()``).
+
+    Raises:
+        ConfigError: one line per runbook file and signal.
+    """
+    problems = [
+        f"{rb.path}: signals.anomalies names {signal!r}, which no detector emits"
+        for rb in runbooks
+        for signal in rb.signals.anomalies
+        if signal not in known
+    ]
+    if problems:
+        raise ConfigError("\n".join([*problems, f"signals the detectors emit: {', '.join(sorted(known))}"]))
 
 
 def _check_unique(runbooks: list[Runbook], field: str, values: Iterable[str]) -> None:

@@ -3,7 +3,7 @@
 One test per simulator fault type runs its scenario past onset through Kafka and a detect worker with
 every registered detector (no stored models: the fresh-install configuration) and waits for an anomaly
 on the fault's entity stamped within a minute of onset (a bad rollout's onset is its first Ready pod of
-the new revision, and its entity that revision's pods: see pipelines.evaluate); the XID 79 test also
+the new revision, and its entity that revision's pods: see evals.detect); the XID 79 test also
 checks both paths (metrics and kernel log) report it.
 """
 
@@ -14,10 +14,10 @@ import time
 
 import pytest
 
+from evals.detect import matches, scenario_per_fault_type, symptom_onset
 from pipelines.app import create_pipeline
 from pipelines.detect import DetectorSet, register_detect
 from pipelines.detectors.registry import DETECTORS
-from pipelines.evaluate import matches, scenario_per_fault_type, symptom_onset
 from services.core.bus import ensure_topics, read_raw
 from services.core.events import Anomaly
 from services.core.settings import Settings
@@ -84,7 +84,7 @@ def run_past_onset(sim: Simulator, margin_s: float = 80.0, limit_s: float = 900.
     """Step the simulator until ``margin_s`` after its fault's symptom onset; return the fault.
 
     Every shipped fault scenario starts its fault at 300 s; a bad rollout's symptom starts when the new
-    revision's first pod is Ready, about 105 s later (see pipelines.evaluate.symptom_onset).
+    revision's first pod is Ready, about 105 s later (see evals.detect.symptom_onset).
     """
     while sim.t < limit_s:
         sim.step()

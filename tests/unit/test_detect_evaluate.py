@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from evals.detect import FaultResult, ScenarioResult, matches, run_scenario, scenario_per_fault_type, summarise
 from pipelines.detect import DetectorSet
 from pipelines.detectors.registry import DETECTORS
-from pipelines.evaluate import FaultResult, ScenarioResult, matches, run_scenario, scenario_per_fault_type, summarise
 from services.core.events import Anomaly
 from services.simulator.faults import FAULT_TYPES
 
@@ -160,8 +160,15 @@ def test_the_cli_refuses_an_unknown_model_source() -> None:
 def test_a_run_with_no_planted_fault_that_broke_its_availability_slo_is_not_counted_as_false_positives() -> None:
     def anomaly(entity: str, signal: str) -> Anomaly:
         return Anomaly(
-            entity=entity, entity_kind="pod", signal=signal, detector="serving_rules", score=1, threshold=1,
-            severity="warning", ts=1.0, fingerprint=f"{entity}/{signal}",
+            entity=entity,
+            entity_kind="pod",
+            signal=signal,
+            detector="serving_rules",
+            score=1,
+            threshold=1,
+            severity="warning",
+            ts=1.0,
+            fingerprint=f"{entity}/{signal}",
         )
 
     calm = ScenarioResult("baseline", 1, 3600.0, entities={"p1", "p2"}, requests=20_000, failed=0)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from services.core.events import AlertRef, IncidentEvent
-from services.diagnostician.evaluate import (
+from evals.diagnose import (
     FAULT_CAUSES,
     FAULT_SCENARIOS,
     XID_CODES,
@@ -15,6 +14,7 @@ from services.diagnostician.evaluate import (
     summarise,
     xid_cause,
 )
+from services.core.events import AlertRef, IncidentEvent
 from services.diagnostician.ranker import runbook_index
 from services.simulator.faults import FAULT_TYPES
 from services.simulator.scenario import list_scenarios

@@ -16,13 +16,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.detectors.episodes import EpisodePolicy
-from pipelines.detectors.service_metrics import ServiceMetricDetector, ServiceMetricState
-from services.core.errors import ConfigError
-from services.core.events import Anomaly, MetricBatch, Sample
-from services.core.paths import REPO_ROOT, shared_data_dir
-from services.diagnostician import nezha
-from services.diagnostician.nezha import (
+from evals import nezha
+from evals.nezha import (
     CALLEE_LATENCY,
     CALLER_LATENCY,
     NezhaLayoutError,
@@ -35,6 +30,11 @@ from services.diagnostician.nezha import (
     service_of,
     summarise,
 )
+from pipelines.detectors.episodes import EpisodePolicy
+from pipelines.detectors.service_metrics import ServiceMetricDetector, ServiceMetricState
+from services.core.errors import ConfigError
+from services.core.events import Anomaly, MetricBatch, Sample
+from services.core.paths import REPO_ROOT, shared_data_dir
 
 KNOWLEDGE = REPO_ROOT / "knowledge"
 START = datetime(2030, 1, 1, 0, 0, 19, tzinfo=UTC).timestamp()

@@ -25,8 +25,7 @@ ABOVE_SERVICES = ("pipelines", "evals")
 ENTRYPOINTS: dict[str, str] = {
     "services/cli.py": "the CLI starts the pipeline roles and the eval loop, and injects the notify stage",
     "services/demo/smoke.py": "`medic demo --smoke` runs the smoke Faust agent in its own process",
-    "services/diagnostician/evaluate.py": "an evaluation harness: replays simulator runs through detect and correlate",
-    "services/diagnostician/nezha.py": "an evaluation harness: Nezha's offline comparison runs the detectors",
+    "services/diagnostician/cli.py": "`medic eval diagnose` and `medic eval nezha` run the harnesses in evals/",
 }
 
 

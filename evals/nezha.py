@@ -14,7 +14,7 @@ that folder into what ClusterMedic sees live and asks it for the root cause:
    pod; labels ``pod``, ``service``, ``namespace``) and one per call edge (entity ``caller->callee``;
    labels ``source_service``, ``destination_service``), with the recorded timestamps. Column names
    become Prometheus-style metric names (:data:`POD_METRICS`, :data:`EDGE_METRICS`).
-3. **Detect**: the batches go through :class:`pipelines.evaluate.OfflineDetect` (the detect role's own
+3. **Detect**: the batches go through :class:`evals.detect.OfflineDetect` (the detect role's own
    objects) with :class:`pipelines.detectors.service_metrics.ServiceMetricDetector`, the robust-z
    detector for generic service metrics. The correlation engine is not used: the routing groups alerts
    by node and alert name, which Nezha's data does not carry, and each case is the label's fault
@@ -501,10 +501,10 @@ class DetectedDay:
 
 
 def detect_day(day: NezhaDay, services: set[str], notes: list[str] | None = None) -> DetectedDay:
-    """Replay one day through :class:`pipelines.evaluate.OfflineDetect` and collect every anomaly."""
+    """Replay one day through :class:`evals.detect.OfflineDetect` and collect every anomaly."""
+    from evals.detect import OfflineDetect
     from pipelines.detect import DetectorSet
     from pipelines.detectors.service_metrics import ServiceMetricDetector
-    from pipelines.evaluate import OfflineDetect
 
     offline = OfflineDetect(DetectorSet.of([ServiceMetricDetector()]))
     anomalies: list[Anomaly] = []

@@ -1,7 +1,7 @@
 """Diagnosis evaluation on seeded simulator scenarios, through the real detection and correlation code.
 
 For each seed and fault type, the fault type's scenario runs in the simulator; its telemetry goes
-through :class:`pipelines.evaluate.OfflineDetect` (the detect role's own objects, no broker) and the
+through :class:`evals.detect.OfflineDetect` (the detect role's own objects, no broker) and the
 correlation :class:`~pipelines.correlate.engine.Engine` with ``infra/config/routing.yaml``. The case
 is the first incident *opened* after the fault's onset that holds an alert on the fault's entity
 (directly or through topology labels) which started after the onset; the diagnostician sees its last
@@ -167,8 +167,8 @@ def run_case(
     after_onset_s: float = 600.0,
 ) -> list[CaseResult]:
     """Run the fault type's scenario with this seed and diagnose the incident of each fault."""
+    from evals.detect import OfflineDetect
     from pipelines.correlate.engine import Engine
-    from pipelines.evaluate import OfflineDetect
     from services.simulator.scenario import load_scenario
     from services.simulator.simulator import EPOCH, Simulator
 
