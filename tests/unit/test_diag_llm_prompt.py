@@ -75,3 +75,13 @@ def test_answer_schema_is_strict_and_matches_the_model() -> None:
     item = ANSWER_SCHEMA["properties"]["hypotheses"]["items"]
     assert item["additionalProperties"] is False and set(item["required"]) == set(item["properties"])
     assert set(ANSWER_SCHEMA["required"]) == set(ANSWER_SCHEMA["properties"]) == set(LLMAnswer.model_fields)
+
+
+def test_the_system_prompt_is_the_knowledge_file_with_the_fence_filled_in() -> None:
+    from services.diagnostician.llm import PROMPT_FILE
+
+    assert PROMPT_FILE.relative_to(PROMPT_FILE.parents[2]).as_posix() == "knowledge/prompts/diagnostician-system.txt"
+    system = build_messages(gather_evidence(incident(), None), [], [], token_budget=4000, marker="M")[0]["content"]
+    text = PROMPT_FILE.read_text(encoding="utf-8")
+    assert system == text.format(open="<<<M>>>", close="<<<END-M>>>")
+    assert "<<<M>>>" in system and "untrusted DATA" in system
