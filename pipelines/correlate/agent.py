@@ -14,7 +14,8 @@ its input is re-keyed by cluster and one :class:`~pipelines.correlate.engine.Eng
 * ``correlate-topology`` reads the metric batches for topology facts only (GPU on node, pod on node,
   pod serves model): a vLLM scrape names pod and model, a DCGM scrape GPU, node and pod. A changed
   fact, or one not repeated for ``topology_refresh_s``, is forwarded. Without these, an SLO burn on a
-  surviving replica could not be linked to the XID that killed its sibling.
+  surviving replica could not be linked to the XID that killed its sibling. A GPU exporter's batch
+  (DCGM, NVML) also forwards its ``pci_bus_id``: which GPU is at which PCI address of the node.
 * ``correlate`` applies everything on the internal topic to its cluster's engine and acts on the
   results: an :class:`IncidentEvent` is published on ``incidents.v1`` (key: incident id) and upserted
   into Postgres; a :class:`Notification` goes to the injected ``notify`` callable. Every anomaly it
@@ -58,13 +59,14 @@ from pipelines.app import Pipeline
 from pipelines.correlate.engine import Engine
 from pipelines.correlate.history import AnomalyHistory
 from pipelines.correlate.model import Action
-from pipelines.correlate.topology import DEPLOYMENT_LABELS, GPU_LABELS, MODEL_LABELS, NODE_LABELS, tokens
+from pipelines.correlate.topology import DEPLOYMENT_LABELS, GPU_LABELS, MODEL_LABELS, NODE_LABELS, PCI_LABEL, tokens
+from pipelines.detect import GPU_METRIC_PREFIX
 from services.alerting.config import RoutingConfig
 from services.alerting.errors import IncidentNotFound, SilenceError
 from services.alerting.labels import alert_fingerprint
 from services.alerting.notification import Notification
 from services.alerting.silences import Silence
-from services.core.events import Anomaly, IncidentEvent, RemediationEvent
+from services.core.events import FACT_GPU_FAULT, Anomaly, IncidentEvent, RemediationEvent
 from services.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -216,6 +218,9 @@ class Correlator:
         if last is not None and anomaly.ts <= last:
             return []
         seen[fp] = anomaly.ts
+        if anomaly.provenance.trusts(FACT_GPU_FAULT):
+            engine.topology.learn_pci(anomaly.labels, anomaly.ts, anomaly.entity, anomaly.entity_kind)
+        anomaly = self.resolve(cluster, anomaly)
         labels = anomaly.labels
         if labels.get("pod") and any(labels.get(n) for n in (*MODEL_LABELS, *NODE_LABELS)):
             engine.observe_topology(labels, anomaly.ts)
@@ -223,6 +228,32 @@ class Correlator:
         self._clocks[cluster] = _Clock(engine.clock, self.clock())
         self.dirty.add(cluster)
         return actions
+
+    def resolve(self, cluster: str, anomaly: Anomaly) -> Anomaly:
+        """The anomaly about the GPU it names by node and PCI address, when the cluster's topology knows it.
+
+        A node's kernel log names a GPU by PCI address only (``NVRM: Xid (PCI:0000:3b:00): 48``).
+        When a trusted GPU source told the topology which GPU is there (:meth:`Topology.learn_pci
+        <pipelines.correlate.topology.Topology.learn_pci>`), the anomaly becomes one about that GPU:
+        ``entity`` its UUID, ``entity_kind`` ``gpu``, label ``UUID`` added, the alert's identity (its
+        fingerprint) unchanged. It then anchors at the GPU, joins the GPU's incident, and names the GPU
+        as a playbook's target. Only an anomaly from a source trusted for GPU faults is resolved: an
+        application log quoting an XID line, or a webhook alert labelled with a PCI id, keeps its own
+        anchor and can never name a GPU through this mapping. Anything else is returned as it is.
+        """
+        if not anomaly.provenance.trusts(FACT_GPU_FAULT):
+            return anomaly
+        topology = self.engine(cluster).topology
+        uuid = topology.gpu_by_pci(anomaly.labels, anomaly.evidence, anomaly.entity, anomaly.entity_kind)
+        if not uuid:
+            return anomaly
+        update = {
+            "entity": uuid,
+            "entity_kind": "gpu",
+            "labels": {**anomaly.labels, "UUID": uuid},
+            "fingerprint": alert_fingerprint(anomaly),
+        }
+        return anomaly.model_copy(update=update)
 
     def tick(self, cluster: str, now: float) -> list[Action]:
         """Fire the cluster's timers due up to engine time ``now``."""
@@ -242,8 +273,11 @@ class Correlator:
         return actions
 
     def observe(self, cluster: str, labels: Mapping[str, str], ts: float) -> None:
-        """Learn topology facts seen at ``ts``."""
-        self.engine(cluster).observe_topology(labels, ts)
+        """Learn topology facts seen at ``ts`` (a ``pci_bus_id`` among ``labels`` only from a GPU exporter:
+        :class:`TopologyFilter` forwards it from no other source)."""
+        engine = self.engine(cluster)
+        engine.observe_topology(labels, ts)
+        engine.topology.learn_pci(labels, ts)
         self.dirty.add(cluster)
 
     def applied(self, cluster: str, partition: int, offset: int) -> bool:
@@ -363,6 +397,9 @@ class TopologyFilter:
             samples = batch.get("samples") or []
             first = samples[0]
             labels = {k: str(v) for k, v in (first.get("labels") or {}).items() if k in TOPOLOGY_LABELS and v}
+            pci = (first.get("labels") or {}).get(PCI_LABEL)
+            if pci and _gpu_exporter(batch):
+                labels[PCI_LABEL] = str(pci)
             ts = float(first.get("ts", 0.0))
             entity = str(batch.get("entity", ""))
         except (ValueError, TypeError, AttributeError, IndexError, KeyError):
@@ -375,6 +412,13 @@ class TopologyFilter:
             return None
         self._seen[entity] = (signature, ts)
         return labels.get("cluster") or DEFAULT_CLUSTER, labels, ts
+
+
+def _gpu_exporter(batch: Mapping[str, Any]) -> bool:
+    """Whether a raw MetricBatch is a GPU exporter's (NVML reader, DCGM fields): the rule of
+    :func:`pipelines.detect.metric_provenance` for a source trusted for GPU facts."""
+    samples = batch.get("samples") or ()
+    return batch.get("source") == "nvml" or any(str(s.get("name", "")).startswith(GPU_METRIC_PREFIX) for s in samples)
 
 
 # ----------------------------------------------------------------------------- store
@@ -640,6 +684,7 @@ def register_correlate(
                 else:
                     anomaly = await pipeline.decode(Anomaly, event.value, event.key, consumer=CORRELATE_AGENT)
                     if anomaly is not None:
+                        anomaly = correlator.resolve(cluster, anomaly)  # the history row names the GPU too
                         actions = correlator.ingest(cluster, anomaly)
                         history.add(anomaly)  # every anomaly, also one the engine drops as a redelivery
                 correlator.advance(cluster, partition, offset)

@@ -26,6 +26,14 @@ served on both: they meet only through an alert on something they share.
 
 Facts are kept with the time they were last seen and forgotten after ``fact_ttl``; a pod that moves
 to another node keeps only its newest node.
+
+**PCI addresses.** A node's kernel log names a GPU by PCI bus id only (``NVRM: Xid (PCI:0000:3b:00):
+48``). The topology also keeps, per node, which GPU sits at which PCI address, learned from the
+``pci_bus_id`` label of a trusted GPU source (DCGM exporter, NVML reader) by :meth:`Topology.learn_pci`,
+never by :meth:`Topology.learn` (which reads every alert's labels, a webhook's too). Addresses are
+compared as :func:`~services.core.pci.pci_bus_key` keys, and :meth:`Topology.gpu_by_pci` answers which
+GPU an alert that names a node and an address (label ``pci_bus_id``, or the log detector's evidence
+``pci``) is about. A new GPU at the same address (a replaced board) replaces the old one.
 """
 
 from __future__ import annotations
@@ -34,12 +42,18 @@ import heapq
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from services.core.pci import pci_bus_key
+
 LEVELS: tuple[str, ...] = ("gpu", "node", "pod", "model")
 _KIND_LEVEL: dict[str, str] = {"gpu": "gpu", "node": "node", "pod": "pod", "model": "model"}
 GPU_LABELS = ("UUID", "uuid", "gpu_uuid")
 NODE_LABELS = ("node", "Hostname", "hostname", "kubernetes_node", "nodename")
 MODEL_LABELS = ("model_name", "model")
 DEPLOYMENT_LABELS = ("deployment", "app")
+PCI_LABEL = "pci_bus_id"
+"""DCGM exporter's (and the NVML reader's) label for a GPU's PCI bus id."""
+PCI_EVIDENCE = "pci"
+"""The log detector's evidence key for the PCI bus id of a kernel ``NVRM: Xid (PCI:...)`` line."""
 
 Tokens = dict[str, set[str]]
 
@@ -97,7 +111,7 @@ def anchor(labels: Mapping[str, str], entity: str, entity_kind: str) -> tuple[st
 class Topology:
     """Facts learned from label sets, and the relation they define between anchors.
 
-    The fact tables (``gpu_node`` ... ``alias``) are the state (:meth:`to_dict`). Beside them the
+    The fact tables (``gpu_node`` ... ``alias``, ``gpu_pci``) are the state (:meth:`to_dict`). Beside them the
     object keeps derived adjacency indexes and an expiry heap, so that :meth:`reach` and
     :meth:`forget` cost what they touch rather than a pass over every fact (the engine asks on
     every anomaly). They are rebuilt from the tables by :meth:`from_dict` and never serialised.
@@ -110,6 +124,8 @@ class Topology:
         self.gpu_pod: dict[str, float] = {}
         self.pod_model: dict[str, float] = {}
         self.alias: dict[str, float] = {}
+        # "node:<n>|pci:<key>" -> [gpu token, last_seen]: which GPU is at a PCI address of a node.
+        self.gpu_pci: dict[str, list[Any]] = {}
         # Derived indexes (token -> neighbours), kept in step with the tables above.
         self._node_gpus: dict[str, set[str]] = {}
         self._node_pods: dict[str, set[str]] = {}
@@ -138,6 +154,8 @@ class Topology:
 
     def _index(self, table: str, key: str, add: bool) -> None:
         """Add (or remove) one fact of ``table`` to (from) the adjacency indexes."""
+        if table == "gpu_pci":
+            return  # looked up by its key alone
         op = self._link if add else self._unlink
         if table == "gpu_node":
             op(self._node_gpus, self.gpu_node[key][0], key)
@@ -177,7 +195,7 @@ class Topology:
         heapq.heappush(self._expiry, (now, table, key))
 
     def _rebuild(self) -> None:
-        for table in ("gpu_node", "pod_node", "gpu_pod", "pod_model", "alias"):
+        for table in ("gpu_node", "pod_node", "gpu_pod", "pod_model", "alias", "gpu_pci"):
             for key in self._table(table):
                 self._index(table, key, add=True)
                 heapq.heappush(self._expiry, (self._seen(table, key), table, key))
@@ -203,6 +221,19 @@ class Topology:
         for i, a in enumerate(models):
             for b in models[i + 1 :]:
                 self._put("alias", f"{a}|{b}", now, now)
+
+    def learn_pci(self, labels: Mapping[str, str], now: float, entity: str = "", entity_kind: str = "other") -> None:
+        """Record which GPU (by UUID) is at which PCI address of its node, when ``labels`` state it.
+
+        Call it only for label sets of a source trusted for GPU facts (a DCGM or NVML sample or
+        anomaly): the mapping decides which GPU a kernel XID is about, and so which GPU a playbook
+        acts on.
+        """
+        key = pci_bus_key(labels.get(PCI_LABEL, ""))
+        gpu = entity if entity_kind == "gpu" else _first(labels, GPU_LABELS)
+        nodes = tokens(labels, entity, entity_kind)["node"]
+        if key and gpu and len(nodes) == 1:
+            self._put("gpu_pci", f"{next(iter(nodes))}|pci:{key}", [f"gpu:{gpu}", now], now)
 
     def forget(self, now: float, ttl: float) -> None:
         """Drop facts not seen for ``ttl`` seconds.
@@ -280,6 +311,22 @@ class Topology:
             out |= self._union(self._model_pods, self._models_of(set(a[1])))
         return out
 
+    def gpu_by_pci(
+        self, labels: Mapping[str, str], evidence: Mapping[str, Any], entity: str = "", entity_kind: str = "other"
+    ) -> str:
+        """The UUID of the GPU an alert names only by node and PCI address, or ``""``.
+
+        The address is the ``pci_bus_id`` label or the log detector's ``pci`` evidence; the node is
+        the alert's entity (kind ``node``) or its node label. An alert that names a GPU already (its
+        kind, a UUID or index label) gets ``""``: it is anchored at that GPU as it is.
+        """
+        found = tokens(labels, entity, entity_kind)
+        if found["gpu"] or len(found["node"]) != 1:
+            return ""
+        key = pci_bus_key(str(labels.get(PCI_LABEL) or evidence.get(PCI_EVIDENCE) or ""))
+        fact = self.gpu_pci.get(f"{next(iter(found['node']))}|pci:{key}") if key else None
+        return str(fact[0]).partition(":")[2] if fact else ""
+
     def _nodes_of(self, level: str, anchor_tokens: Iterable[str]) -> set[str]:
         table = self.gpu_node if level == "gpu" else self.pod_node if level == "pod" else {}
         return {table[t][0] for t in anchor_tokens if t in table}
@@ -310,6 +357,7 @@ class Topology:
             "gpu_pod": dict(sorted(self.gpu_pod.items())),
             "pod_model": dict(sorted(self.pod_model.items())),
             "alias": dict(sorted(self.alias.items())),
+            "gpu_pci": {k: list(v) for k, v in sorted(self.gpu_pci.items())},
         }
 
     @classmethod
@@ -321,5 +369,6 @@ class Topology:
         topo.gpu_pod = {k: float(t) for k, t in data.get("gpu_pod", {}).items()}
         topo.pod_model = {k: float(t) for k, t in data.get("pod_model", {}).items()}
         topo.alias = {k: float(t) for k, t in data.get("alias", {}).items()}
+        topo.gpu_pci = {k: [v[0], float(v[1])] for k, v in data.get("gpu_pci", {}).items()}
         topo._rebuild()
         return topo
