@@ -303,7 +303,11 @@ class Executor:
         now = float(self.clock())
         self.store.extend_lease(run_id, token, now + self.config.execution.lease_s)
         if step.action is None:
-            self.store.record_skipped(run_id, "action", position, step.name, {"reason": "verify-only step"}, now=now)
+            # the step's timeout runs from now, as an action's runs from its action: record the world's time
+            # (without it the verification measured from 0 and timed out at once on a wall clock). An
+            # unreadable clock raises before anything is recorded: nothing acted, the recovery sweep resumes here.
+            output = {"reason": "verify-only step", "world_t": self.actuator.clock()}
+            self.store.record_skipped(run_id, "action", position, step.name, output, now=now)
             return
         spec = policy_for(self.config.policy, run.playbook, run.targets)
 
