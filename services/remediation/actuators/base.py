@@ -9,9 +9,16 @@ kind           keys of the dict ``describe`` returns (None: the object does not 
 =============  ==========================================================================
 deployment     replicas, ready, max_num_seqs (int or None), variant (str or None), revision
 pod            phase ("Running", "Pending"...), node, deployment, ready (bool)
-node           ready, schedulable, rebooting, pods (workload pods on it), unhealthy_gpus
+node           ready, schedulable, rebooting, pods (workload pods on it), unhealthy_gpus,
+               failed_gpu_pods (see below)
 gpu            node, healthy, xid
 =============  ==========================================================================
+
+``failed_gpu_pods`` lists the workload pods bound to an unhealthy GPU of the node, as far as the
+actuator can tell, each as ``{"pod", "namespace", "deployment" ("" when no Deployment owns it),
+"ready"}``. The simulator knows which GPUs each pod holds. The Kubernetes API does not (the device
+plugin's allocation lives in the kubelet), so there the list is the node's GPU pods that are not Ready
+and whose container died (crash-looping) while the node reports fewer allocatable GPUs than it has.
 
 Contract:
     * ``act`` changes the world once and raises :class:`ActuatorError` when the action was refused

@@ -9,6 +9,11 @@ deployments get/patch, deployments/scale patch, replicasets list (rollback), nod
 * set_max_num_seqs / switch_variant: patch the vLLM container's args (``--max-num-seqs``, or the
   ``args`` mapping the step gives, e.g. ``{"--model": ..., "--max-model-len": ...}``);
 * cordon / uncordon: patch ``spec.unschedulable``;
+* the pods a failed GPU took down (the node view's ``failed_gpu_pods``): when the node reports fewer
+  allocatable ``nvidia.com/gpu`` than its capacity (the device plugin marked a GPU unhealthy), its
+  workload pods that request GPUs, are not Ready and whose container died (restarts, terminated, or
+  waiting in CrashLoopBackOff and the like; a pod still loading its model is not one);
+  ``evict_gpu_pods`` deletes them;
 * drain: cordon, then evict every workload pod through the eviction API, which honours
   PodDisruptionBudgets (HTTP 429); refused evictions are retried until ``evict_timeout_s``, then the
   drain fails naming the pods the budget protects;
@@ -31,6 +36,7 @@ from services.remediation.config import ActuatorConfig
 from services.remediation.errors import ActuatorError, ActuatorUnsupported
 from services.remediation.model import ActionOutcome, ActionSpec
 
+GPU_RESOURCE = "nvidia.com/gpu"
 RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
 REVISION = "deployment.kubernetes.io/revision"
 VARIANT = "clustermedic.io/variant"
@@ -249,31 +255,78 @@ class KubernetesActuator(Actuator):
                 }
             if kind == "pod":
                 pod: Any = self.core.read_namespaced_pod(name, ns)
-                conds = {c.type: c.status for c in (pod.status.conditions or [])} if pod.status else {}
-                owner = next((o.name for o in (pod.metadata.owner_references or []) if o.kind == "ReplicaSet"), "")
                 return {
                     "phase": pod.status.phase if pod.status else "Unknown",
                     "node": pod.spec.node_name or "",
-                    "deployment": owner.rsplit("-", 1)[0] if owner else "",
-                    "ready": conds.get("Ready") == "True",
+                    "deployment": _deployment_of(pod),
+                    "ready": _pod_ready(pod),
                 }
             if kind == "node":
                 node: Any = self.core.read_node(name)
                 conds = {c.type: c.status for c in (node.status.conditions or [])}
-                cap = (node.status.capacity or {}).get("nvidia.com/gpu", "0")
-                alloc = (node.status.allocatable or {}).get("nvidia.com/gpu", "0")
+                cap = (node.status.capacity or {}).get(GPU_RESOURCE, "0")
+                alloc = (node.status.allocatable or {}).get(GPU_RESOURCE, "0")
+                unhealthy = max(0, int(cap) - int(alloc))
+                pods = self._workload_pods(name)
+                # Which device a pod holds is the kubelet's, not the API's: a GPU pod a failed GPU took down
+                # is not Ready and its container died (crash-looping); a pod still loading its model has not.
+                failed = [_pod_ref(p) for p in pods if unhealthy and _gpus_requested(p) and _failing(p)]
                 return {
                     "ready": conds.get("Ready") == "True",
                     "schedulable": not node.spec.unschedulable,
                     "rebooting": False,
-                    "pods": len(self._workload_pods(name)),
-                    "unhealthy_gpus": max(0, int(cap) - int(alloc)),
+                    "pods": len(pods),
+                    "unhealthy_gpus": unhealthy,
+                    "failed_gpu_pods": failed,
                 }
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise ActuatorError(f"kubernetes read {kind} {name}: {exc.status} {exc.reason}") from exc
         return None  # GPUs are not Kubernetes objects
+
+
+def _pod_ready(pod: Any) -> bool:
+    conds = {c.type: c.status for c in (pod.status.conditions or [])} if pod.status else {}
+    return conds.get("Ready") == "True"
+
+
+def _deployment_of(pod: Any) -> str:
+    """The Deployment owning a pod through its ReplicaSet (``<deployment>-<pod-template-hash>``), or ""."""
+    owner = next((o.name for o in (pod.metadata.owner_references or []) if o.kind == "ReplicaSet"), "")
+    return owner.rsplit("-", 1)[0] if owner else ""
+
+
+def _gpus_requested(pod: Any) -> bool:
+    """Whether a container of the pod asks for GPUs (extended resources are whole numbers)."""
+    for c in pod.spec.containers or []:
+        res = c.resources
+        for quantities in (res.limits, res.requests) if res is not None else ():
+            if str((quantities or {}).get(GPU_RESOURCE, "0")).strip() not in ("", "0"):
+                return True
+    return False
+
+
+def _failing(pod: Any) -> bool:
+    """Whether the pod is not Ready and a container of it died or cannot start (restarts, CrashLoopBackOff)."""
+    if _pod_ready(pod) or pod.status is None:
+        return False
+    for st in pod.status.container_statuses or []:
+        waiting = st.state.waiting if st.state is not None else None
+        if (st.restart_count or 0) > 0 or (st.state is not None and st.state.terminated is not None):
+            return True
+        if waiting is not None and waiting.reason not in (None, "ContainerCreating", "PodInitializing"):
+            return True
+    return False
+
+
+def _pod_ref(pod: Any) -> dict[str, Any]:
+    return {
+        "pod": pod.metadata.name,
+        "namespace": pod.metadata.namespace,
+        "deployment": _deployment_of(pod),
+        "ready": _pod_ready(pod),
+    }
 
 
 def _flag(args: list[str], flag: str) -> str | None:

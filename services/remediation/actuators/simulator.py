@@ -154,12 +154,25 @@ class SimulatorActuator(Actuator):
             n = state["nodes"].get(name)
             if n is None:
                 return None
+            unhealthy = {uuid for uuid, g in state["gpus"].items() if g["node"] == name and g["xid"]}
+            on_node = {pod: p for pod, p in state["pods"].items() if p["node"] == name}
             return {
                 "ready": bool(n["ready"]),
                 "schedulable": not n["cordoned"],
                 "rebooting": bool(n["rebooting"]),
-                "pods": sum(1 for p in state["pods"].values() if p["node"] == name),
-                "unhealthy_gpus": sum(1 for g in state["gpus"].values() if g["node"] == name and g["xid"]),
+                "pods": len(on_node),
+                "unhealthy_gpus": len(unhealthy),
+                # the simulator has no namespaces: its pods answer to the one asked about
+                "failed_gpu_pods": [
+                    {
+                        "pod": pod,
+                        "namespace": namespace,
+                        "deployment": p["deployment"],
+                        "ready": p["phase"] == "Running",
+                    }
+                    for pod, p in on_node.items()
+                    if unhealthy.intersection(p.get("gpus", ()))
+                ],
             }
         g = state["gpus"].get(name)
         if g is None:
