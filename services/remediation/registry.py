@@ -18,6 +18,7 @@ PLAYBOOK_ENTRIES: dict[str, str] = {
     "switch_variant": "services.remediation.playbooks.switch_variant:SwitchVariantPlaybook",
     "scale_replicas": "services.remediation.playbooks.scale_replicas:ScaleReplicasPlaybook",
     "cordon_node": "services.remediation.playbooks.cordon_node:CordonNodePlaybook",
+    "evict_gpu_pods": "services.remediation.playbooks.evict_gpu_pods:EvictGpuPodsPlaybook",
     "uncordon_node": "services.remediation.playbooks.uncordon_node:UncordonNodePlaybook",
     "drain_node": "services.remediation.playbooks.drain_node:DrainNodePlaybook",
     "reset_gpu": "services.remediation.playbooks.reset_gpu:ResetGpuPlaybook",

@@ -161,14 +161,14 @@ def test_ranker_with_retrieval_stores_and_publishes(
     assert top.cause == "gpu_xid_79" and top.confidence > 0.5
     cited = {c.doc_id for c in top.citations}
     assert "gpu-xid-79-fallen-off-bus" in cited and "pm-2025-03-14-xid79-tp-replica-loss" in cited
-    assert diagnosis.proposed_playbook == "cordon_node" and diagnosis.proposed_params == {"node": "h100-a-07"}
+    assert diagnosis.proposed_playbook == "evict_gpu_pods" and diagnosis.proposed_params == {"node": "h100-a-07"}
 
     with connect(both) as c:
         row = c.execute(
             "SELECT diagnostician, proposed_playbook, level, hypotheses FROM diagnoses WHERE incident_id = %s",
             ("inc-xid79",),
         ).fetchone()
-    assert row[:3] == ("ranker", "cordon_node", 1) and row[3][0]["cause"] == "gpu_xid_79"
+    assert row[:3] == ("ranker", "evict_gpu_pods", 1) and row[3][0]["cause"] == "gpu_xid_79"
 
     messages = list(read_raw(both, [Diagnosis.topic], max_messages=1, timeout_s=20))
     assert len(messages) == 1
@@ -221,7 +221,7 @@ def test_cli_index_search_and_diagnose(indexed: Settings, embedder: CachingEmbed
     result = runner.invoke(app, ["diagnose", "inc-cli"], env=env)
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
-    assert body["hypotheses"][0]["cause"] == "gpu_xid_79" and body["proposed_playbook"] == "cordon_node"
+    assert body["hypotheses"][0]["cause"] == "gpu_xid_79" and body["proposed_playbook"] == "evict_gpu_pods"
 
     result = runner.invoke(app, ["diagnose", "no-such-incident"], env=env)
     assert result.exit_code == 1

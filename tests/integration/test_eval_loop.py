@@ -10,8 +10,9 @@ from services.core.settings import Settings
 pytestmark = pytest.mark.integration
 
 
-def test_an_xid79_gpu_loss_is_detected_diagnosed_cordoned_and_scored(database_url: str) -> None:
-    # 300 s of fault: enough for the XID to reach the kernel log, the incident to open and the run to verify
+def test_an_xid79_gpu_loss_is_detected_diagnosed_its_replica_moved_and_scored(database_url: str) -> None:
+    # 300 s of fault: enough for the XID to reach the kernel log, the incident to open, the lost replica to be
+    # recreated on another node and load (about 3 minutes for a 70B replica), and the run to verify
     episodes = evaluate(Settings(database_url=database_url), [1], scenario="xid79", duration_s=600.0, progress=None)
 
     (episode,) = episodes
@@ -19,18 +20,19 @@ def test_an_xid79_gpu_loss_is_detected_diagnosed_cordoned_and_scored(database_ur
     assert fault.fault_type == "xid" and fault.detected
     assert fault.cause == "gpu_xid_79" and fault.cause_right
     # the level-1 playbook of the XID 79 runbook, decided by policy and carried out by the executor
-    cordons = [r for r in episode.runs if r.playbook == "cordon_node" and r.acted_at is not None]
-    assert cordons and cordons[0].status == "succeeded"
-    assert cordons[0].targets == ["gpu-node-000"]  # the GPU's node, from the topology
-    assert fault.right_action == "cordon_node" and fault.mitigated_after_s is not None
+    evictions = [r for r in episode.runs if r.playbook == "evict_gpu_pods" and r.acted_at is not None]
+    assert evictions and evictions[0].status == "succeeded"
+    assert evictions[0].targets == ["gpu-node-000"]  # the GPU's node, from the topology
+    assert fault.right_action == "evict_gpu_pods" and fault.mitigated_after_s is not None
 
     card = scorecard(episodes)["by_fault_type"]["xid"]
     assert card["detection_rate"] == 1.0 and card["root_cause_top1"] == 1.0 and card["right_action_rate"] == 1.0
     assert card["harmful"]["count"] == 0
     slo = card["slo_score"]
-    # cordoning changes no request's fate in the simulator: the loop scores what doing nothing scores, less
-    # the cordon's one-step disruption; the acting baselines reboot the node and lose its replicas for minutes
-    assert slo["clustermedic"] == pytest.approx(slo["noop"], abs=0.001)
+    # the replica is back on healthy GPUs minutes after the loss: at least what doing nothing scores (the
+    # simulated traffic needs little of the second 70B replica, so not by much); the acting baselines
+    # reboot the node and lose its replicas for minutes
+    assert slo["clustermedic"] >= slo["noop"]
     assert slo["clustermedic"] > slo["static"] and slo["clustermedic"] > slo["autoscaler"]
 
 

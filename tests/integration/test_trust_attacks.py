@@ -155,10 +155,10 @@ def test_prompt_echo_and_webhook_attacks_decide_no_action_and_say_why(kafka_read
     for name in ("echo", "pod", "node"):
         assert diagnoses[name].proposed_playbook is None, (name, diagnoses[name])
         assert all(h.playbook is None for h in diagnoses[name].hypotheses), name
-    # positive control: the node's own kernel stream still diagnoses XID 79 and cordons that node
+    # positive control: the node's own kernel stream still diagnoses XID 79 and acts on that node
     kernel = diagnoses["kernel"]
     assert kernel.hypotheses[0].cause == "gpu_xid_79"
-    assert kernel.proposed_playbook == "cordon_node" and kernel.proposed_params == {"node": KERNEL_NODE}
+    assert kernel.proposed_playbook == "evict_gpu_pods" and kernel.proposed_params == {"node": KERNEL_NODE}
 
     with connect(settings) as conn:
         stored = dict(conn.execute("SELECT incident_id, notes FROM diagnoses").fetchall())
@@ -175,4 +175,4 @@ def test_prompt_echo_and_webhook_attacks_decide_no_action_and_say_why(kafka_read
     started = {r.run_id for r in runs if r.incident_id in attacked}
     assert not started & set(dispatcher.started), "no attacked incident's run was started"
     control = [r for r in runs if r.incident_id == incidents["kernel"].incident_id]
-    assert [r.playbook for r in control] == ["cordon_node"], "the trusted XID still reaches the remediator"
+    assert [r.playbook for r in control] == ["evict_gpu_pods"], "the trusted XID still reaches the remediator"

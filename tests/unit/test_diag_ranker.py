@@ -134,7 +134,7 @@ def test_hypotheses_cite_evidence_and_runbooks_with_normalised_confidence(index:
     top = hypotheses[0]
     assert top.citations[0].doc_id == "gpu-xid-79-fallen-off-bus"
     assert "XID 79" in top.evidence
-    assert top.playbook == "cordon_node" and top.level == 1
+    assert top.playbook == "evict_gpu_pods" and top.level == 1
     assert 0 < sum(h.confidence for h in hypotheses) <= 1.0
     assert [h.confidence for h in hypotheses] == sorted((h.confidence for h in hypotheses), reverse=True)
     assert top.confidence > 0.5
@@ -159,7 +159,7 @@ def test_ranker_diagnosis_proposes_the_top_playbook_with_params() -> None:
     doctor = RankerDiagnostician(Settings(), use_database=False)
     diagnosis = doctor.diagnose(CASES[0][1])
     assert diagnosis.diagnostician == "ranker"
-    assert diagnosis.proposed_playbook == "cordon_node" and diagnosis.level == 1
+    assert diagnosis.proposed_playbook == "evict_gpu_pods" and diagnosis.level == 1
     assert diagnosis.proposed_params == {"node": "h100-a-07"}
     # a StatefulSet-style pod name (llama-0) names no Deployment: nothing to scale, and the note says so
     kv = doctor.diagnose(CASES[3][1])

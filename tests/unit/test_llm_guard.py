@@ -47,7 +47,7 @@ def test_the_allowed_set_is_the_supported_runbooks_playbooks_at_their_levels(ind
 def test_weak_hypotheses_lend_nothing(index: RunbookIndex) -> None:
     # an XID at 0.84 and a cause the evidence barely mentions: only the XID's runbook counts
     allowed = allowed_actions([hyp("kv_cache_exhaustion", 0.84), hyp("gpu_xid_79", 0.05)], index)
-    assert "reboot_node" not in allowed and "cordon_node" not in allowed
+    assert "reboot_node" not in allowed and "evict_gpu_pods" not in allowed
     # below half of the best, even above the absolute floor
     allowed = allowed_actions([hyp("kv_cache_exhaustion", 0.6), hyp("gpu_xid_79", 0.2)], index)
     assert "reboot_node" not in allowed
@@ -63,8 +63,8 @@ def test_the_best_hypothesis_always_counts_and_page_oncall_is_always_allowed(ind
 
 def test_a_withheld_hypothesis_supports_nothing_and_a_raised_level_holds(index: RunbookIndex) -> None:
     assert allowed_actions([hyp("gpu_xid_79", 0.9, playbook=None)], index) == {"page_oncall": 3}
-    raised = allowed_actions([hyp("gpu_xid_79", 0.9, playbook="cordon_node", level=2)], index)
-    assert raised["cordon_node"] == 2 and raised["reboot_node"] == 2
+    raised = allowed_actions([hyp("gpu_xid_79", 0.9, playbook="evict_gpu_pods", level=2)], index)
+    assert raised["evict_gpu_pods"] == 2 and raised["reboot_node"] == 2
 
 
 def test_a_runbook_less_xid_hypothesis_allows_its_catalog_playbook(index: RunbookIndex) -> None:

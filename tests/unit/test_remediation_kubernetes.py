@@ -239,3 +239,59 @@ def test_gpu_reset_and_reboot_are_not_offered(kube):
     assert not act.supports("reset_gpu") and not act.supports("reboot_node")
     with pytest.raises(ActuatorUnsupported):
         act.act(ActionSpec(op="reboot_node", target="n1"))
+
+
+def _on_gpus(p: dict[str, Any], gpus: int, ready: bool, restarts: int = 0) -> dict[str, Any]:
+    p["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    p["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+    state = (
+        {"waiting": {"reason": "CrashLoopBackOff"}} if restarts else {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    )
+    p["status"]["containerStatuses"] = [
+        {"name": "vllm", "image": "x", "imageID": "", "ready": ready, "restartCount": restarts, "state": state}
+    ]
+    return p
+
+
+def test_the_pods_a_failed_gpu_took_down_are_the_gpu_pods_not_ready_on_a_node_short_of_gpus(kube):
+    fake, act = kube
+    _on_gpus(fake.pods["llama-7d9f-a"], 4, ready=False, restarts=3)  # crash-looping on the GPU off the bus
+    _on_gpus(fake.pods["llama-7d9f-b"], 4, ready=True)  # on healthy GPUs: serving
+    fake.pods["llama-7d9f-c"] = _on_gpus(pod("llama-7d9f-c", "n1"), 1, ready=False)  # still loading its model
+    fake.pods["exporter-0"] = pod("exporter-0", "n1", "StatefulSet", "exporter")  # no GPUs
+    fake.pods["exporter-0"]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    assert act.describe("node", "n1")["failed_gpu_pods"] == [
+        {"pod": "llama-7d9f-a", "namespace": "llm", "deployment": "llama", "ready": False}
+    ]
+    # every GPU allocatable again (the device plugin sees them all healthy): a pod not Ready is not the GPU's
+    fake.nodes["n1"]["status"]["allocatable"]["nvidia.com/gpu"] = "8"
+    assert act.describe("node", "n1")["failed_gpu_pods"] == []
+
+
+def test_evict_gpu_pods_runs_on_kubernetes_with_real_api_calls(kube):
+    from services.remediation.registry import load_playbook, playbook_registry
+
+    fake, act = kube
+    _on_gpus(fake.pods["llama-7d9f-a"], 4, ready=False, restarts=3)
+    _on_gpus(fake.pods["llama-7d9f-b"], 4, ready=True)
+    pb = load_playbook(playbook_registry(), "evict_gpu_pods")
+    params = pb.parse({"node": "n1", "namespace": "llm"})
+    pre = pb.precheck(params, act)
+    assert pre.ok, pre.reason
+    assert not [r for r in fake.requests if r[0] != "GET"], "the precheck changed something"
+    steps = pb.steps(params, pre.observed)
+    for step in steps:
+        if step.action is not None:
+            act.act(step.action)
+    assert [r for r in fake.requests if r[0] != "GET"] == [
+        ("PATCH", "/api/v1/nodes/n1", {"spec": {"unschedulable": True}}),
+        ("DELETE", "/api/v1/namespaces/llm/pods/llama-7d9f-a", None),
+    ]
+    assert "llama-7d9f-b" in fake.pods, "a pod still serving is left alone"
+    assert [act.check(s.verify).ok for s in steps if s.verify] == [True, True, True]
+    fake.deployments["llama"]["status"]["readyReplicas"] = 1  # the replacement is not Ready yet
+    assert not act.check(steps[-1].verify).ok
+    for step in pb.rollback(params, pre.observed):
+        assert step.action is not None
+        act.act(step.action)
+    assert fake.nodes["n1"]["spec"]["unschedulable"] is False

@@ -18,11 +18,20 @@ class MemoryActuator(Actuator):
     """A tiny in-memory world: enough for prechecks and checks."""
 
     name = "memory"
-    operations = frozenset({"cordon_node", "uncordon_node", "drain_node", "reboot_node", "scale", "set_max_num_seqs"})
+    operations = frozenset(
+        {"cordon_node", "uncordon_node", "drain_node", "reboot_node", "delete_pod", "scale", "set_max_num_seqs"}
+    )
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], dict[str, Any]] = {
-            ("node", "n1"): {"ready": True, "schedulable": True, "rebooting": False, "pods": 2, "unhealthy_gpus": 1},
+            ("node", "n1"): {
+                "ready": True,
+                "schedulable": True,
+                "rebooting": False,
+                "pods": 2,
+                "unhealthy_gpus": 1,
+                "failed_gpu_pods": [{"pod": "llama-7d9f-a", "namespace": "ns", "deployment": "llama", "ready": False}],
+            },
             ("gpu", "GPU-1"): {"node": "n1", "healthy": False, "xid": 79},
             ("deployment", "llama"): {"replicas": 2, "ready": 2, "max_num_seqs": 256, "variant": "v1", "revision": 1},
         }
@@ -151,7 +160,7 @@ def test_slack_signature_is_hmac_of_v0_timestamp_body_and_stale_requests_are_ref
             verify_signature(*args[:4], now=args[4])
 
 
-@pytest.mark.parametrize("name", ["cordon_node", "drain_node", "reboot_node"])
+@pytest.mark.parametrize("name", ["cordon_node", "evict_gpu_pods", "drain_node", "reboot_node"])
 def test_a_node_a_human_cordoned_before_the_run_stays_cordoned_on_rollback_and_on_success(name: str):
     pb = load_playbook(playbook_registry(), name)
     act = MemoryActuator()
@@ -204,3 +213,71 @@ def test_every_playbook_accepts_what_a_diagnosis_proposes_for_it():
         problem = info.params_error(params)
         assert not problem or name == "switch_variant", problem  # a variant cannot be guessed
         assert info.level == load_playbook(playbook_registry(), name).level
+
+
+def test_evict_gpu_pods_cordons_then_replaces_only_the_pods_a_failed_gpu_took_down():
+    pb = load_playbook(playbook_registry(), "evict_gpu_pods")
+    act = MemoryActuator()
+    act.objects[("node", "n1")]["failed_gpu_pods"] += [
+        {"pod": "llama-7d9f-b", "namespace": "ns", "deployment": "llama", "ready": True},  # still serving
+        {"pod": "debug-shell", "namespace": "ns", "deployment": "", "ready": False},  # nothing would recreate it
+        {"pod": "gone-7d9f-c", "namespace": "ns", "deployment": "gone", "ready": False},  # its Deployment is gone
+    ]
+    params = pb.parse({"gpu": "GPU-1"})  # an XID alert's entity: the node is looked up
+    pre = pb.precheck(params, act)
+    assert act.done == [], "a precheck must not act"
+    assert pre.ok and pre.observed["node"] == "n1" and pre.observed["schedulable"] is True
+    assert pre.observed["evict"] == [{"pod": "llama-7d9f-a", "namespace": "ns", "deployment": "llama"}]
+    assert [k["pod"] for k in pre.observed["kept"]] == ["llama-7d9f-b", "debug-shell", "gone-7d9f-c"]
+
+    steps = pb.steps(params, pre.observed)
+    assert [s.name for s in steps] == ["cordon", "evict llama-7d9f-a", "replaced llama"]
+    assert [(s.action.op, s.action.target, s.action.namespace) for s in steps if s.action] == [
+        ("cordon_node", "n1", ""),
+        ("delete_pod", "llama-7d9f-a", "ns"),
+    ]
+    assert steps[1].verify == VerifySpec(check="pod_gone", target="llama-7d9f-a", namespace="ns")
+    # the replacement: a step that only verifies, with time for a large model to load elsewhere
+    assert steps[2].action is None and steps[2].timeout_s == params.ready_timeout_s >= 900
+    assert steps[2].verify == VerifySpec(check="deployment_ready", target="llama", namespace="ns")
+    # a failed verification uncordons the node it cordoned; a deleted pod stays deleted
+    assert [(s.action.op, s.action.target) for s in pb.rollback(params, pre.observed) if s.action] == [
+        ("uncordon_node", "n1")
+    ]
+    targets = pb.targets(params)
+    assert targets.gpus == ("GPU-1",) and targets.replicas_out == 0  # it takes no serving replica away
+
+
+def test_evict_gpu_pods_with_nothing_to_evict_is_a_cordon_and_two_pods_of_one_deployment_verify_once():
+    pb = load_playbook(playbook_registry(), "evict_gpu_pods")
+    act = MemoryActuator()
+    params = pb.parse({"node": "n1"})
+    act.objects[("node", "n1")]["failed_gpu_pods"] = []
+    pre = pb.precheck(params, act)
+    assert pre.ok and [s.name for s in pb.steps(params, pre.observed)] == ["cordon"]
+    act.objects[("node", "n1")]["failed_gpu_pods"] = [
+        {"pod": f"llama-7d9f-{c}", "namespace": "ns", "deployment": "llama", "ready": False} for c in "ab"
+    ]
+    steps = pb.steps(params, pb.precheck(params, act).observed)
+    assert [s.name for s in steps] == ["cordon", "evict llama-7d9f-a", "evict llama-7d9f-b", "replaced llama"]
+
+
+def test_evict_gpu_pods_refuses_what_it_cannot_see_or_should_not_do_alone():
+    from services.remediation.playbooks.evict_gpu_pods import MAX_PODS
+
+    pb = load_playbook(playbook_registry(), "evict_gpu_pods")
+    params = pb.parse({"node": "n1"})
+    act = MemoryActuator()
+    del act.objects[("node", "n1")]["failed_gpu_pods"]  # an actuator that cannot tell which pods a GPU holds
+    pre = pb.precheck(params, act)
+    assert not pre.ok and "cannot tell" in pre.reason
+    act = MemoryActuator()
+    act.objects[("node", "n1")]["failed_gpu_pods"] = [
+        {"pod": f"llama-{i}", "namespace": "ns", "deployment": "llama", "ready": False} for i in range(MAX_PODS + 1)
+    ]
+    pre = pb.precheck(params, act)
+    assert not pre.ok and "drain the node" in pre.reason
+    act.operations = frozenset(act.operations - {"delete_pod"})
+    pre = pb.precheck(params, act)
+    assert not pre.ok and "delete_pod" in pre.reason
+    assert act.done == []

@@ -9,7 +9,7 @@ import pytest
 from services.core.events import AlertRef, Diagnosis, IncidentEvent, Provenance
 from services.core.settings import Settings
 from services.diagnostician.diagnostician import RankerDiagnostician
-from services.diagnostician.ranker import NOT_CORROBORATED_NOTE, playbook_params
+from services.diagnostician.ranker import NODE_GPU_PLAYBOOKS, NOT_CORROBORATED_NOTE, playbook_params
 from services.diagnostician.tools import XID_TEXT_NOTE, gather_evidence
 
 T0 = 1_760_000_000.0
@@ -82,7 +82,7 @@ def test_kernel_xid_still_proposes_the_gpu_runbook_on_the_node(doctor: RankerDia
     xid = alert("gpu_xid", GPU, KERNEL, {"node": NODE, "Hostname": NODE}, xid=79, example=XID_LINE)
     diagnosis = doctor.diagnose(incident(xid))
     assert diagnosis.hypotheses[0].cause == "gpu_xid_79"
-    assert diagnosis.proposed_playbook == "cordon_node" and diagnosis.proposed_params == {"node": NODE}
+    assert diagnosis.proposed_playbook == "evict_gpu_pods" and diagnosis.proposed_params == {"node": NODE}
     assert diagnosis.notes == ()
 
 
@@ -90,7 +90,7 @@ def test_kernel_xid_still_proposes_the_gpu_runbook_on_the_node(doctor: RankerDia
     ("labels", "playbooks"),
     [
         ({"alertname": "KubePodCrashLooping", "pod": POD, "namespace": "serving"}, "restart_pod"),
-        ({"alertname": "gpu_xid", "node": NODE, "xid": "79"}, "cordon_node"),
+        ({"alertname": "gpu_xid", "node": NODE, "xid": "79"}, "evict_gpu_pods"),
     ],
 )
 def test_a_webhook_alert_alone_decides_no_action(
@@ -130,7 +130,7 @@ def test_a_gpu_fault_claimed_only_in_app_text_gets_no_node_action(doctor: Ranker
     line = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
     crash = alert("log_new_template", POD, APP, {"pod": POD, "node": NODE}, template=line, example=line)
     diagnosis = doctor.diagnose(incident(crash))
-    assert diagnosis.proposed_playbook not in {"cordon_node", "drain_node", "reset_gpu", "reboot_node"}
+    assert "evict_gpu_pods" in NODE_GPU_PLAYBOOKS and diagnosis.proposed_playbook not in NODE_GPU_PLAYBOOKS
 
 
 def test_a_deployment_target_comes_from_the_pod_names_of_own_alerts() -> None:
