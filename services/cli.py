@@ -286,6 +286,35 @@ def detect_models() -> None:
     Console().print(table)
 
 
+@detect_app.command("signals")
+def detect_signals() -> None:
+    """Print every anomaly signal the registered detectors declare, with the detectors that emit it, and
+    check the runbooks of the knowledge folder against them (exit 1 when one names a signal nothing emits)."""
+    print(json.dumps(signal_catalog_checked(_settings()), indent=2))
+
+
+def signal_catalog_checked(settings: Settings) -> dict[str, list[str]]:
+    """The detectors' signal catalog, after checking the configured runbooks against it.
+
+    The diagnostician (a service) cannot ask the detectors (the pipeline) which signals exist, so the
+    entrypoints that start it check its runbooks here.
+
+    Raises:
+        typer.Exit: a runbook is invalid or names a signal no detector emits (the message names them).
+    """
+    from pipelines.detectors.registry import signal_catalog
+    from services.diagnostician.documents import default_knowledge_dir
+    from services.diagnostician.runbooks import check_anomaly_signals, load_runbooks
+
+    catalog = signal_catalog()
+    try:
+        check_anomaly_signals(load_runbooks((settings.kb_dir or default_knowledge_dir()) / "runbooks"), catalog)
+    except ClusterMedicError as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(1) from exc
+    return {signal: list(detectors) for signal, detectors in catalog.items()}
+
+
 @detect_app.command("evaluate")
 def detect_evaluate(
     seeds: Annotated[str, typer.Option(help="Simulator seeds, e.g. 1-10 or 1,5,9.")] = "1-5",
@@ -561,7 +590,9 @@ def diagnostician_service() -> None:
     """Run the diagnostician: diagnose each opened or updated incident on incidents.v1, store and publish it."""
     from services.diagnostician.service import run
 
-    run(_settings())
+    settings = _settings()
+    signal_catalog_checked(settings)  # a runbook naming a signal nothing emits would never match
+    run(settings)
 
 
 @app.command("remediator")

@@ -24,10 +24,14 @@ class Detector(Protocol):
         name: the registry key, also written into ``Anomaly.detector``.
         consumes: the input type of ``detect``'s batch: ``MetricBatch``, ``LogRecord``, ``KubeEvent``
             or ``pipelines.features.FeatureVector``; the detect agent routes by it.
+        signals: every ``Anomaly.signal`` it can emit. The one list of them: the signal catalog
+            (:func:`pipelines.detectors.registry.signal_catalog`), which runbooks are checked against, is
+            derived from it, and a unit test runs the detectors and fails on any signal not declared.
     """
 
     name: ClassVar[str]
     consumes: ClassVar[type]
+    signals: ClassVar[frozenset[str]]
 
     def initial_state(self) -> Any:
         """State before any event has been seen."""

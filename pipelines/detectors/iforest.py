@@ -278,6 +278,7 @@ class IsolationForestDetector:
 
     name: ClassVar[str] = "iforest"
     consumes: ClassVar[type] = FeatureVector
+    signals: ClassVar[frozenset[str]] = frozenset({"metric_outlier"})
 
     def __init__(
         self,

@@ -595,6 +595,10 @@ class LogTemplateDetector:
 
     name: ClassVar[str] = DETECTOR_NAME
     consumes: ClassVar[type] = LogRecord
+    signals: ClassVar[frozenset[str]] = frozenset(
+        {"log_new_template", "log_rare_template", "log_template_burst", "gpu_xid", "untrusted_xid_text"}
+        | {signal for signal, _, _ in _SIGNATURES}
+    )
 
     settings: MinerSettings = field(default_factory=lambda: MINER_SETTINGS["default"])
     warmup_lines: int = 500

@@ -165,6 +165,7 @@ class LstmDetector:
 
     name: ClassVar[str] = "lstm"
     consumes: ClassVar[type] = FeatureVector
+    signals: ClassVar[frozenset[str]] = frozenset({"sequence_anomaly"})
 
     def __init__(
         self,

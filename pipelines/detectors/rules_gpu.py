@@ -202,6 +202,20 @@ class GpuRuleDetector:
 
     name: ClassVar[str] = DETECTOR_NAME
     consumes: ClassVar[type] = MetricBatch
+    signals: ClassVar[frozenset[str]] = frozenset(
+        {
+            "ecc_sbe_rate",
+            "ecc_dbe",
+            "row_remap_pending",
+            "row_remap_failure",
+            "gpu_thermal_throttle",
+            "gpu_power_throttle",
+            "nvlink_errors",
+            "gpu_temperature_rise",
+            "vram_pressure",
+            "vram_leak",
+        }
+    )
 
     sbe_window_s: float = 3600.0
     sbe_threshold: float = 100.0

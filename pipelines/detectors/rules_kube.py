@@ -127,6 +127,17 @@ class KubeEventDetector:
 
     name: ClassVar[str] = DETECTOR_NAME
     consumes: ClassVar[type] = KubeEvent
+    signals: ClassVar[frozenset[str]] = frozenset(
+        {
+            "pod_oomkilled",
+            "pod_crashloop",
+            "node_not_ready",
+            "failed_scheduling",
+            "pod_evicted",
+            "probe_unhealthy",
+            "node_flapping",
+        }
+    )
 
     hold_s: float = 300.0
     flap_window_s: float = 1800.0

@@ -87,6 +87,7 @@ class RevisionDetector:
 
     name: ClassVar[str] = DETECTOR_NAME
     consumes: ClassVar[type] = FeatureVector
+    signals: ClassVar[frozenset[str]] = frozenset({SIGNAL})
 
     def __init__(
         self,

@@ -174,6 +174,9 @@ class ServingRuleDetector:
 
     name: ClassVar[str] = DETECTOR_NAME
     consumes: ClassVar[type] = MetricBatch
+    signals: ClassVar[frozenset[str]] = frozenset(
+        {"kv_cache_saturation", "queue_saturation", "preemption_storm", "error_rate", "latency_regression"}
+    )
 
     kv_threshold: float = 0.95
     kv_samples: int = 3

@@ -199,6 +199,7 @@ class SloBurnDetector:
 
     name: ClassVar[str] = DETECTOR_NAME
     consumes: ClassVar[type] = MetricBatch
+    signals: ClassVar[frozenset[str]] = frozenset({"ttft_slo_burn", "e2e_slo_burn"})
 
     objective: float = 0.99
     ttft_target_s: float | None = 5.0

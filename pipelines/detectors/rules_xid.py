@@ -86,6 +86,7 @@ class XidDetector:
 
     name: ClassVar[str] = DETECTOR_NAME
     consumes: ClassVar[type] = MetricBatch
+    signals: ClassVar[frozenset[str]] = frozenset({"gpu_xid"})
 
     def __init__(
         self,

@@ -89,6 +89,7 @@ class ServiceMetricDetector:
 
     name: ClassVar[str] = "service_metrics"
     consumes: ClassVar[type] = MetricBatch
+    signals: ClassVar[frozenset[str]] = frozenset({"metric_outlier"})
 
     def __init__(
         self,

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.detectors.registry import signal_catalog
 from services.core.errors import ConfigError
 from services.core.paths import REPO_ROOT, shared_data_dir
 from services.diagnostician.runbooks import (
-    ANOMALY_SIGNALS,
     PLAYBOOK_DEFAULT_LEVELS,
     REQUIRED_SECTIONS,
     Runbook,
+    check_anomaly_signals,
     load_runbook,
     load_runbooks,
     split_front_matter,
@@ -132,8 +133,35 @@ def test_serving_relevant_xids_each_have_a_runbook(runbooks: list[Runbook]) -> N
 
 
 def test_anomaly_signals_are_ones_the_detectors_emit(runbooks: list[Runbook]) -> None:
-    for rb in runbooks:
-        assert set(rb.signals.anomalies) <= ANOMALY_SIGNALS, rb.path
+    # the catalog is derived from the detectors' declarations (tests/unit/test_detector_signals.py runs them)
+    try:
+        check_anomaly_signals(runbooks, signal_catalog())
+    except ConfigError as exc:
+        pytest.fail(str(exc))
+
+
+def test_a_runbook_naming_a_signal_no_detector_emits_is_refused_with_its_file_and_signal(tmp_path: Path) -> None:
+    path = tmp_path / "gpu" / "example.md"
+    path.parent.mkdir()
+    text = VALID_RUNBOOK.format(slug="example", playbook="page_oncall", level=3)
+    path.write_text(
+        text.replace("  events: [NodeNotReady]\n", "  events: [NodeNotReady]\n  anomalies: [gpu_xid, gpu_xyd]\n")
+    )
+    runbook = load_runbook(path)  # the loader checks the shape; which signals exist is the detectors' to say
+    with pytest.raises(ConfigError) as err:
+        check_anomaly_signals([runbook], signal_catalog())
+    first = str(err.value).splitlines()[0]
+    assert first == f"{path}: signals.anomalies names 'gpu_xyd', which no detector emits"
+    assert "gpu_xid" in str(err.value).splitlines()[-1]  # the known signals are listed
+
+
+def test_an_anomaly_signal_must_be_snake_case(tmp_path: Path) -> None:
+    path = tmp_path / "gpu" / "example.md"
+    path.parent.mkdir()
+    text = VALID_RUNBOOK.format(slug="example", playbook="page_oncall", level=3)
+    path.write_text(text.replace("  events: [NodeNotReady]\n", "  events: [NodeNotReady]\n  anomalies: [GpuXid]\n"))
+    with pytest.raises(ConfigError, match="snake_case"):
+        load_runbook(path)
 
 
 def test_log_templates_use_drain3_wildcards(runbooks: list[Runbook]) -> None:
