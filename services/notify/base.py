@@ -105,7 +105,18 @@ class Notifier(ABC):
     """
 
     name: ClassVar[str] = ""
+    # the routing.yaml receiver key whose entries this notifier delivers (``slack_configs``...): the one
+    # place a notifier's kind is written; services.notify.registry.notifier_for is derived from it
     config_kind: ClassVar[str] = ""
+
+    @classmethod
+    def serves(cls, config: Mapping[str, Any]) -> bool:
+        """Whether this notifier delivers ``config``, one entry of its :attr:`config_kind`.
+
+        Only notifiers that share a kind override it, so that exactly one of them serves each entry
+        (Slack: the incoming webhook, or the Web API when the entry has an app token).
+        """
+        return True
 
     def __init__(self, config: Mapping[str, Any], context: NotifyContext) -> None:
         self.config = dict(config)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from services.alerting.config import NOTIFIER_SEND_RESOLVED_DEFAULT, RoutingConfig
 from services.alerting.notification import Notification
 from services.notify.ledger import idempotency_key
-from services.notify.registry import CONFIG_KINDS, notifier_for
+from services.notify.registry import notifier_for
 
 
 class Delivery(BaseModel):
@@ -53,7 +53,7 @@ def plan(notification: Notification, routing: RoutingConfig, *, event: str = "")
     receiver = routing.receiver(notification.receiver)
     glob = routing.global_.model_dump(exclude_none=True, exclude={"resolve_timeout"})
     out: list[Delivery] = []
-    for kind in CONFIG_KINDS:
+    for kind in NOTIFIER_SEND_RESOLVED_DEFAULT:  # the receiver keys routing.yaml holds, in schema order
         for i, config in enumerate(getattr(receiver, kind)):
             sent = notification
             if not config.get("send_resolved", NOTIFIER_SEND_RESOLVED_DEFAULT[kind]):

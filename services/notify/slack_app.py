@@ -15,12 +15,14 @@ error (``channel_not_found``, ``invalid_auth``, ``invalid_blocks``...) is perman
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from services.notify.base import DeliveryResult, Message, Notifier, retry_after
 from services.notify.errors import NotifierConfigError, PermanentDelivery, RetryableDelivery
 from services.notify.render import slack
 from services.notify.render.pagerduty import dedup_key
+from services.notify.slack_webhook import has_app_token
 from services.notify.threads import ThreadRecord
 
 RETRYABLE_ERRORS = frozenset({"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"})
@@ -31,6 +33,11 @@ class SlackAppNotifier(Notifier):
 
     name = "slack_app"
     config_kind = "slack_configs"
+
+    @classmethod
+    def serves(cls, config: Mapping[str, Any]) -> bool:
+        """A ``slack_configs`` entry with ``app_token`` / ``app_token_file`` uses the Web API (threads)."""
+        return has_app_token(config)
 
     def _urls(self) -> tuple[str, str]:
         post = str(self.config.get("app_url") or f"{self.settings.slack_api_base.rstrip('/')}/chat.postMessage")

@@ -9,9 +9,17 @@ one thread per incident. Slack answers ``200 ok``, or 4xx with a plain-text erro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from services.notify.base import DeliveryResult, Message, Notifier, read_secret
 from services.notify.errors import NotifierConfigError
 from services.notify.render import slack
+
+
+def has_app_token(config: Mapping[str, Any]) -> bool:
+    """Whether a ``slack_configs`` entry names a bot token (the Web API), not an incoming webhook."""
+    return bool(config.get("app_token") or config.get("app_token_file"))
 
 
 class SlackWebhookNotifier(Notifier):
@@ -19,6 +27,11 @@ class SlackWebhookNotifier(Notifier):
 
     name = "slack_webhook"
     config_kind = "slack_configs"
+
+    @classmethod
+    def serves(cls, config: Mapping[str, Any]) -> bool:
+        """A ``slack_configs`` entry without an app token posts to its incoming webhook."""
+        return not has_app_token(config)
 
     def url(self) -> str:
         """The webhook URL: the config's, else routing.yaml's global one.

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from services.alerting.config import loads_routing
+from services.alerting.config import NOTIFIER_SEND_RESOLVED_DEFAULT, loads_routing
 from services.alerting.notification import Notification
 from services.core.events import AlertRef, Diagnosis, Hypothesis, RemediationEvent
 from services.core.fingerprint import label_fingerprint
-from services.notify.errors import PayloadTooLarge
+from services.notify.errors import NotifierConfigError, PayloadTooLarge
 from services.notify.ledger import idempotency_key
 from services.notify.plan import plan
-from services.notify.registry import NOTIFIERS, notifier_for
+from services.notify.registry import NOTIFIERS, notifier_for, notifier_kinds
 from services.notify.render import alertmanager, pagerduty, slack, webhook
 from services.notify.render.common import GO_ZERO_TIME, iso, sanitize, truncate
 from tests.unit.test_notify_vendor_server import (
@@ -229,6 +229,15 @@ def test_every_registered_notifier_loads() -> None:
         assert NOTIFIERS.load(name).name == name
     assert notifier_for("slack_configs", {"app_token_file": "/x"}) == "slack_app"
     assert notifier_for("slack_configs", {"api_url": "https://hooks"}) == "slack_webhook"
+
+
+def test_every_receiver_key_of_the_routing_schema_has_its_notifier_and_no_notifier_serves_another_key() -> None:
+    # the notifiers declare their kind (config_kind); routing.yaml's schema lists the keys it parses
+    assert set(notifier_kinds()) == set(NOTIFIER_SEND_RESOLVED_DEFAULT)
+    assert notifier_kinds()["slack_configs"] == ("slack_app", "slack_webhook")
+    assert notifier_for("webhook_configs", {"url": "http://x"}) == "webhook"
+    with pytest.raises(NotifierConfigError, match="no notifier serves 'email_configs'; known: alertmanager_configs"):
+        notifier_for("email_configs", {})
 
 
 ROUTING = """
