@@ -17,28 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.core.events import MetricBatch, Sample
+from services.core.features import FEATURES_BY_CLASS as CORE_FEATURES_BY_CLASS
 
-GPU_FEATURES: tuple[str, ...] = (
-    "gpu_util",
-    "mem_used_frac",
-    "temp_c",
-    "power_w",
-    "sm_clock_mhz",
-)
-POD_FEATURES: tuple[str, ...] = (
-    "kv_cache_usage",
-    "requests_waiting",
-    "requests_running",
-    "ttft_p50_s",
-    "ttft_p99_s",
-    "tpot_p50_s",
-    "e2e_p99_s",
-    "prompt_tokens_per_s",
-    "generation_tokens_per_s",
-    "preemptions_per_s",
-    "error_rate",
-)
-FEATURES_BY_CLASS: dict[str, tuple[str, ...]] = {"gpu": GPU_FEATURES, "pod": POD_FEATURES}
+# Feature names and order are declared once, in services.core.features (the diagnostician reads them
+# back from the learned detectors' evidence); the maps below say how each is computed.
+FEATURES_BY_CLASS: dict[str, tuple[str, ...]] = CORE_FEATURES_BY_CLASS
+GPU_FEATURES: tuple[str, ...] = FEATURES_BY_CLASS["gpu"]
+POD_FEATURES: tuple[str, ...] = FEATURES_BY_CLASS["pod"]
 
 _GAUGES: dict[str, str] = {
     "DCGM_FI_DEV_GPU_UTIL": "gpu_util",

@@ -24,60 +24,29 @@ import numpy as np
 
 from pipelines.detectors.episodes import Episode, EpisodePolicy
 from pipelines.detectors.scaling import MAD_TO_SIGMA, Matrix, RobustScaler
-from pipelines.features import FEATURES_BY_CLASS, GPU_FEATURES, POD_FEATURES, FeatureVector
+from pipelines.features import FEATURES_BY_CLASS, FeatureVector
 from services.core.events import Anomaly, EntityKind
+from services.core.features import FEATURES
 from services.core.fingerprint import fingerprint
 
-FALLBACK_UNITS: dict[str, float] = {
-    # the size of a change too small to matter, per feature (pipelines.features names)
-    "gpu_util": 5.0,
-    "mem_used_frac": 0.02,
-    "temp_c": 2.0,
-    "power_w": 20.0,
-    "sm_clock_mhz": 50.0,
-    "kv_cache_usage": 0.05,
-    "requests_waiting": 2.0,
-    "requests_running": 2.0,
-    "ttft_p50_s": 0.1,
-    "ttft_p99_s": 0.1,
-    "tpot_p50_s": 0.005,
-    "e2e_p99_s": 0.5,
-    "prompt_tokens_per_s": 20.0,
-    "generation_tokens_per_s": 20.0,
-    "preemptions_per_s": 0.1,
-    "error_rate": 0.01,
-}
+# The fallback's per-feature tables, from the one declaration of each feature (services.core.features).
+FALLBACK_UNITS: dict[str, float] = {f.name: f.unit for f in FEATURES}
 """Fallback scale units: a feature's change of one unit is where it starts to count."""
 
-FALLBACK_LOG_FEATURES = frozenset(
-    {
-        "kv_cache_usage",
-        "requests_waiting",
-        "requests_running",
-        "ttft_p50_s",
-        "ttft_p99_s",
-        "tpot_p50_s",
-        "e2e_p99_s",
-        "prompt_tokens_per_s",
-        "generation_tokens_per_s",
-        "preemptions_per_s",
-    }
-)
+FALLBACK_LOG_FEATURES = frozenset(f.name for f in FEATURES if f.log_scale)
 """Features the fallback compares on a log scale (they move by factors); the others move by amounts."""
 
 LOAD_FEATURES: dict[str, dict[str, int]] = {
-    "pod": {"prompt_tokens_per_s": +1, "requests_running": +1, "requests_waiting": +1},
-    "gpu": {"gpu_util": -1},
+    cls: {f.name: f.load for f in FEATURES if f.entity_class == cls and f.load} for cls in FEATURES_BY_CLASS
 }
-"""An entity's load, and the direction that counts (+1 up, -1 down, 0 either way): a pod's traffic rising
+"""An entity's load, and the direction that counts (+1 up, -1 down): a pod's traffic rising
 (admitted prompt tokens, running and waiting requests), a GPU's utilisation falling (an idle spell lowers
 its clocks, power and temperature). A GPU getting busier is not excused: a throttled GPU is busier for
 the same work, and its heat is what the learned detectors should see. A pod that is slow for another
 reason also holds more requests; the rules that judge its latency discount load more carefully
 (``latency_regression``)."""
 LOAD_DRIVEN: dict[str, frozenset[str]] = {
-    "pod": frozenset(POD_FEATURES) - {"error_rate"},
-    "gpu": frozenset(GPU_FEATURES) - {"mem_used_frac"},
+    cls: frozenset(f.name for f in FEATURES if f.entity_class == cls and f.load_driven) for cls in FEATURES_BY_CLASS
 }
 """What a load change moves on a healthy entity: a pod's queues, cache, batch sizes and with them its
 latencies; a GPU's power, temperature and clocks. Memory use and the error rate are not among them."""

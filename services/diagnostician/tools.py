@@ -35,6 +35,7 @@ import psycopg
 from pydantic import BaseModel, ConfigDict
 
 from services.core.events import FACT_GPU_FAULT, AlertRef, IncidentEvent, KubeEvent
+from services.core.features import FEATURES
 from services.core.registry import Registry
 from services.diagnostician.runbooks import METRIC_NAME
 
@@ -81,24 +82,9 @@ CHANGE_LOOKBACK_S = 900.0
 
 # Learned detectors (iforest, lstm) report which features deviated (``top_deviations``, z-scores, or
 # ``window_drift``). A deviation in the direction a failure pushes a feature is evidence of the metric
-# behind it: a GPU running hot, filling its memory, or a pod's queue growing. Features are named as in
-# pipelines/features.py; the sign is the harmful direction.
-FEATURE_METRICS: dict[str, tuple[str, int]] = {
-    "temp_c": ("DCGM_FI_DEV_GPU_TEMP", +1),
-    "mem_used_frac": ("DCGM_FI_DEV_FB_USED", +1),
-    "power_w": ("DCGM_FI_DEV_POWER_USAGE", +1),
-    "sm_clock_mhz": ("DCGM_FI_DEV_SM_CLOCK", -1),
-    "gpu_util": ("DCGM_FI_DEV_GPU_UTIL", -1),
-    "kv_cache_usage": ("vllm:kv_cache_usage_perc", +1),
-    "requests_waiting": ("vllm:num_requests_waiting", +1),
-    "prompt_tokens_per_s": ("vllm:prompt_tokens_total", +1),
-    "ttft_p50_s": ("vllm:time_to_first_token_seconds", +1),
-    "ttft_p99_s": ("vllm:time_to_first_token_seconds", +1),
-    "tpot_p50_s": ("vllm:inter_token_latency_seconds", +1),
-    "e2e_p99_s": ("vllm:e2e_request_latency_seconds", +1),
-    "preemptions_per_s": ("vllm:num_preemptions_total", +1),
-    "error_rate": ("vllm:request_success_total", +1),
-}
+# behind it: a GPU running hot, filling its memory, or a pod's queue growing. Features, their metric and
+# their harmful direction are declared in services.core.features.
+FEATURE_METRICS: dict[str, tuple[str, int]] = {f.name: (f.metric, f.harmful) for f in FEATURES if f.harmful}
 DEVIATION_Z = 2.0
 # Evidence keys the rule detectors use for the metric they measured (rules_serving, rules_gpu, slo_burn).
 EVIDENCE_KEY_METRICS: dict[str, str] = {
