@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -51,14 +52,36 @@ class Event(BaseModel):
         """
         try:
             data = json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             raise DecodeError(f"{cls.__name__}: not UTF-8 JSON: {exc}") from exc
         if not isinstance(data, dict):
             raise SchemaError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
         try:
-            return cls.model_validate(data)
+            event = cls.model_validate(data)
         except ValidationError as exc:
             raise SchemaError(f"{cls.__name__}: {_short(exc)}") from exc
+        if _may_not_serialise(raw):
+            # every consumer writes what it read again (Kafka, Postgres, a dead letter): refuse here what
+            # would fail there, far from where it came in
+            try:
+                event.to_bytes()
+            except ValueError as exc:  # pydantic's serialisation error is a ValueError
+                raise SchemaError(f"{cls.__name__}: parses but cannot be serialised again: {exc}") from exc
+        return event
+
+
+# What JSON parses but cannot be written again: a lone surrogate (a \\ud800-\\udfff escape, or its bytes,
+# which json.loads decodes with "surrogatepass"), and nesting deeper than pydantic serialises (~255).
+_MAY_HOLD_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_NESTING_CHECKED_ABOVE = 128
+
+
+def _may_not_serialise(raw: bytes | str) -> bool:
+    """Whether a message might not serialise again (cheap, C-speed scans; rarely true)."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if data.count(b"[") + data.count(b"{") > _NESTING_CHECKED_ABOVE:
+        return True
+    return _MAY_HOLD_SURROGATE.search(data) is not None
 
 
 def _short(exc: ValidationError) -> str:
@@ -379,14 +402,18 @@ class DeadLetter(Event):
         ts: float,
         source_key: bytes | str | None = None,
     ) -> DeadLetter:
-        """Build a dead letter from the rejected bytes and the reason."""
+        """Build a dead letter from the rejected bytes and the reason.
+
+        The reason and the key may quote the rejected input, which may hold a lone surrogate: both are
+        made encodable (backslash escapes), so that a dead letter can always be written.
+        """
         if isinstance(source_key, bytes):
             source_key = source_key.decode("utf-8", "replace")
         return cls(
-            source_topic=source_topic,
-            source_key=source_key or "",
+            source_topic=_encodable(source_topic),
+            source_key=_encodable(source_key or ""),
             raw_b64=base64.b64encode(raw).decode(),
-            error=str(error),
+            error=_encodable(str(error)),
             error_type=type(error).__name__ if isinstance(error, BaseException) else "",
             consumer=consumer,
             ts=ts,
@@ -399,6 +426,11 @@ class DeadLetter(Event):
 
     def key(self) -> str:
         return self.source_key or self.source_topic
+
+
+def _encodable(text: str) -> str:
+    """``text`` with any lone surrogate written as a backslash escape (UTF-8 can carry the result)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 ALL_EVENTS: tuple[type[Event], ...] = (
