@@ -13,7 +13,9 @@ Three agents, one per telemetry topic:
   that (Faust acks a ``take_events`` batch when the loop body returns). Feature vectors are buffered and
   scored by the learned detectors in micro-batches (a model call costs ~10 ms whatever its size), when
   the buffer is full or its oldest vector has waited ``max_wait_s``.
-* ``detect-logs`` takes micro-batches of :class:`LogRecord` for the log-template detector.
+* ``detect-logs`` takes micro-batches of :class:`LogRecord` for the log-template detector. A record
+  that makes a detector raise is dead-lettered on its own and the rest of the micro-batch is
+  processed (:func:`detect_each_guarded`); it used to end the agent.
 * ``detect-events`` feeds :class:`KubeEvent` to the Kubernetes event rules.
 
 The learned detectors' and the log miner's state is worker-local: their models come from the
@@ -424,13 +426,25 @@ def register_detect(
     @app.agent(topics.logs, name="detect-logs")
     async def detect_logs(stream):  # type: ignore[no-untyped-def]
         async for values in stream.take(log_batch, within=max_wait_s):
-            records = []
+            records: list[LogRecord] = []
+            raws: list[bytes] = []
             for raw in values:
                 record = await pipeline.decode(LogRecord, raw, None, consumer="detect-logs")
                 if record is not None:
                     records.append(record)
+                    raws.append(raw)
             for detector in detectors.log:
-                log_states[detector.name], found = detector.detect(records, log_states[detector.name])
+                log_states[detector.name], found, failed = detect_each_guarded(
+                    detector, records, log_states[detector.name]
+                )
+                for index, exc in failed:  # dead-lettered alone; the rest of the micro-batch was processed
+                    await pipeline.dead_letter(
+                        raw=raws[index],
+                        key=None,
+                        source_topic=LogRecord.topic,
+                        error=exc,
+                        consumer=f"detect-logs:{detector.name}",
+                    )
                 await publish(found)
 
     @app.agent(topics.events, name="detect-events")
@@ -444,6 +458,37 @@ def register_detect(
                 await publish(stamped(found, KUBE_PROVENANCE))
 
     return scorer
+
+
+def detect_each_guarded(
+    detector: Detector, batch: Sequence[Any], state: Any
+) -> tuple[Any, list[Anomaly], list[tuple[int, Exception]]]:
+    """``detector.detect(batch, state)``, with a record that makes it raise set aside, not the batch.
+
+    A detector bug that one record triggers (a 5,000-digit number, say) used to end the agent and lose
+    the rest of its micro-batch. When the batch raises, it is run again one record at a time, so the
+    neighbours are processed and the poison is known: the caller dead-letters it. On that path the
+    records before the poison have been seen twice (the state is updated in place), a small error in
+    a rare path, and better than losing them.
+
+    Returns:
+        The new state, the anomalies, and ``(index in batch, error)`` of each record that raised.
+    """
+    try:
+        state, found = detector.detect(batch, state)
+    except Exception:
+        log.exception("%s failed on a batch of %d records: retrying them one at a time", detector.name, len(batch))
+    else:
+        return state, found, []
+    found, failed = [], []
+    for index, record in enumerate(batch):
+        try:
+            state, more = detector.detect([record], state)
+        except Exception as exc:
+            failed.append((index, exc))
+            continue
+        found.extend(more)
+    return state, found, failed
 
 
 def decode_metric_batch(raw: bytes | None) -> MetricBatch | None:

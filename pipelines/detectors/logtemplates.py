@@ -234,6 +234,10 @@ _SYSLOG_HEAD = (
 _DMESG_TIME = r"\[ {0,12}\d{1,12}\.\d{1,9}\]|\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4}\]"
 KERNEL_LINE_MAX = 4096
 """Longest line read as a kernel XID line (the kernel's own printk buffer is 1024 bytes a record)."""
+MINED_LINE_MAX = 16_384
+"""Longest prefix of a line the template miner sees: a template keeps every token of its first line,
+and ingest accepts lines of 256 KiB, so 5,000 templates of such lines would hold gigabytes. The known
+signatures still read the whole line (their patterns run in linear time)."""
 
 # Anchored: the whole line is a kernel line. The code has at most 4 digits and is followed by a comma
 # (or the end): "79" in "...: 79, pid=" but never 5000 digits or a code glued to more text.
@@ -261,7 +265,13 @@ _SIGNATURES: tuple[tuple[str, Severity, re.Pattern[str]], ...] = (
     ("cuda_oom", "critical", re.compile(r"CUDA out of memory|torch\.(?:cuda\.)?OutOfMemoryError")),
 )
 
-_NCCL_DETAIL = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+).*?Timeout\(ms\)=(?P<timeout_ms>\d+)")
+# Bounded: a number of at most 18 digits (int() refuses 4,300 or more: one such line used to crash the
+# agent), at most 64 characters of op name and 256 between it and the timeout. An unbounded ".*?" made
+# every "WorkNCCL(" of a line rescan the rest of it: quadratic time on a hostile line.
+_NCCL_DETAIL = re.compile(
+    r"WorkNCCL\(SeqNum=(?P<seq>\d{1,18}), OpType=(?P<op>\w{1,64})[^\n]{0,256}?"
+    r"Timeout\(ms\)=(?P<timeout_ms>\d{1,18})(?!\d)"
+)
 _ERROR_WORDS = re.compile(r"(?i)\b(?:error|fatal|exception|panic|fail(?:ed|ure)?|traceback)\b")
 
 
@@ -640,7 +650,7 @@ class LogTemplateDetector:
             if not line.strip():
                 continue
             state.lines += 1
-            result = state.miner.add_log_message(line)
+            result = state.miner.add_log_message(line[:MINED_LINE_MAX])
             cid = int(result["cluster_id"])
             stats = state.templates.get(cid)
             if stats is None:
