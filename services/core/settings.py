@@ -136,6 +136,46 @@ class Settings(BaseSettings):
     ingest_max_decompressed_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, description="Largest decompressed body (snappy, gzip) accepted (413 above)."
     )
+    ingest_max_records_per_request: int = Field(
+        default=50_000,
+        ge=1,
+        description=(
+            "Most records (samples, log entries, alerts) one push request may carry (413 above); a"
+            " protobuf body may also hold at most 16 protobuf messages (series, labels, streams) per record,"
+            " checked before it is decoded."
+        ),
+    )
+    ingest_max_line_bytes: int = Field(
+        default=256 * 1024,
+        ge=1024,
+        description=(
+            "Longest log line accepted, in UTF-8 bytes (Loki's max_line_size); a push holding a longer one gets 413."
+        ),
+    )
+    ingest_max_label_bytes: int = Field(
+        default=64 * 1024,
+        ge=256,
+        description=(
+            "Most bytes of one series' or stream's labels, names and values together; a push holding a larger"
+            " label set gets 413."
+        ),
+    )
+    ingest_max_message_bytes: int = Field(
+        default=1_000_000,
+        ge=64 * 1024,
+        description=(
+            "Most bytes of one Kafka message ingest writes: keep it under the broker's message.max.bytes"
+            " (1 MiB by default). Metric batches are split to fit; a larger record is dead-lettered on its own."
+        ),
+    )
+    ingest_series_cache_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024 * 1024,
+        description=(
+            "Most bytes of decoded label sets the remote_write series cache keeps (also at most 200,000"
+            " series); it starts afresh when full."
+        ),
+    )
     ingest_queue_capacity: int = Field(
         default=200_000,
         ge=1,

@@ -43,8 +43,8 @@ from pydantic import PrivateAttr
 
 from services.core.events import MetricBatch
 from services.ingest.errors import RejectedInput
-from services.ingest.normalise import entity_of
-from services.ingest.protowire import WriteRequest
+from services.ingest.normalise import Limits, entity_of
+from services.ingest.protowire import WRITE_REQUEST_SCHEMA, WriteRequest, message_count_at_most
 from services.ingest.timebounds import TimeCheck
 
 _DOUBLE = struct.Struct("<d")
@@ -125,8 +125,9 @@ class _Series:
         self.prefix = prefix
 
 
-def _decode_labels(buf: bytes, spans: list[tuple[int, int]], index: int) -> _Series:
+def _decode_labels(buf: bytes, spans: list[tuple[int, int]], index: int, max_label_bytes: int) -> _Series:
     labels: dict[str, str] = {}
+    size = 0
     for start, end in spans:
         name = value = ""
         pos = start
@@ -134,6 +135,7 @@ def _decode_labels(buf: bytes, spans: list[tuple[int, int]], index: int) -> _Ser
             tag, pos = _varint(buf, pos)
             if tag & 7 == 2:
                 length, pos = _varint(buf, pos)
+                size += length
                 text = buf[pos : pos + length].decode()
                 pos += length
                 if tag >> 3 == 1:
@@ -145,6 +147,13 @@ def _decode_labels(buf: bytes, spans: list[tuple[int, int]], index: int) -> _Ser
         if name in labels:
             raise RejectedInput(f"timeseries {index}: duplicate label name {name!r}", reason="labels")
         labels[name] = value
+    if size > max_label_bytes:
+        raise RejectedInput(
+            f"timeseries {index}: labels of {size} bytes are over the {max_label_bytes}-byte limit"
+            " (CLUSTERMEDIC_INGEST_MAX_LABEL_BYTES)",
+            status=413,
+            reason="labels_too_large",
+        )
     metric = labels.pop("__name__", "")
     if not metric:
         raise RejectedInput(f"timeseries {index}: no __name__ label", reason="labels")
@@ -168,6 +177,10 @@ def _label_spans(buf: bytes, start: int, end: int) -> list[tuple[int, int]] | No
     return spans if pos == end else None
 
 
+# what one cached series costs beyond its key and strings: the dict slot, the _Series, str headers
+_ENTRY_OVERHEAD = 250
+
+
 class SeriesCache:
     """Decoded label sets and timestamps keyed by their raw bytes, in bounded maps (cleared when full).
 
@@ -181,12 +194,30 @@ class SeriesCache:
     and ``stamps``, the 6 bytes of a timestamp varint -> its JSON tail ``,"ts":<seconds>}``, filled
     by :meth:`stamp` (a scrape's samples share one timestamp).
 
+    The maps are bounded by entries and by bytes (keys, entity and JSON prefix, plus a fixed overhead
+    per entry): label sets may be large (up to ``max_label_bytes`` each), and 200,000 of them once
+    left 529 MB resident.
+
     Args:
         capacity: most label-set entries kept, the three maps together (timestamps: a tenth of it).
+        max_bytes: most bytes the label-set entries hold, the three maps together
+            (``ingest_series_cache_bytes``).
+        max_label_bytes: a series whose label names and values hold more bytes is refused
+            (``ingest_max_label_bytes``): only series within it are ever cached.
     """
 
-    def __init__(self, capacity: int = 200_000) -> None:
+    def __init__(
+        self,
+        capacity: int = 200_000,
+        *,
+        max_bytes: int = 64 * 1024 * 1024,
+        max_label_bytes: int = Limits.max_label_bytes,
+    ) -> None:
         self._capacity = capacity
+        self._max_bytes = max_bytes
+        self.max_label_bytes = max_label_bytes
+        self.bytes = 0
+        """Bytes the label-set entries hold now (as counted for ``max_bytes``)."""
         self.one_sample: dict[bytes, _Series] = {}
         self.zero_sample: dict[bytes, _Series] = {}
         self.stamps: dict[bytes, str] = {}
@@ -197,9 +228,10 @@ class SeriesCache:
         key = buf[first : spans[-1][1]]
         series = self._series.get(key)
         if series is None:
-            series = _decode_labels(buf, spans, index)
+            series = _decode_labels(buf, spans, index, self.max_label_bytes)
             self._make_room()
             self._series[key] = series
+            self.bytes += _cost(key, series)
         return series
 
     def learn_one_sample(self, buf: bytes, start: int, series_end: int, series: _Series) -> None:
@@ -213,7 +245,9 @@ class SeriesCache:
         if _label_spans(buf, start, labels_end) is None:
             return
         self._make_room()
-        known[buf[start : labels_end + 3]] = series
+        key = buf[start : labels_end + 3]
+        known[key] = series
+        self.bytes += _cost(key, series)
 
     @property
     def size(self) -> int:
@@ -221,10 +255,11 @@ class SeriesCache:
         return len(self._series) + len(self.one_sample) + len(self.zero_sample)
 
     def _make_room(self) -> None:
-        if self.size >= self._capacity:
+        if self.size >= self._capacity or self.bytes >= self._max_bytes:
             self._series.clear()
             self.one_sample.clear()
             self.zero_sample.clear()
+            self.bytes = 0
 
     def stamp(self, raw: bytes) -> str | None:
         """The JSON tail for a 6-byte timestamp varint; None when ``raw`` is not one."""
@@ -236,6 +271,11 @@ class SeriesCache:
             self.stamps.clear()
         self.stamps[raw] = tail
         return tail
+
+
+def _cost(key: bytes, series: _Series) -> int:
+    """Bytes one cache entry holds, as counted against ``max_bytes`` (entity and prefix share the series)."""
+    return len(key) + len(series.prefix) + len(series.entity) + _ENTRY_OVERHEAD
 
 
 def six_byte_ms(raw: bytes) -> int | None:
@@ -306,6 +346,19 @@ def validate_write_request(buf: bytes) -> None:
         raise RejectedInput(f"body is not a prometheus.WriteRequest: {exc}", reason="protobuf") from exc
 
 
+def _validate_within(buf: bytes, limits: Limits) -> None:
+    """:func:`validate_write_request`, once the body's message count is known to be within ``limits``.
+
+    upb builds every message before it answers, at ~50 bytes each, and an empty one is 2 bytes on
+    the wire: 64 MiB of empty series would take 1.6 GB.
+
+    Raises:
+        RejectedInput: not a WriteRequest, or (413) more messages than ``limits`` allow.
+    """
+    limits.check_messages(message_count_at_most(buf, WRITE_REQUEST_SCHEMA, limits.max_messages), "protobuf messages")
+    validate_write_request(buf)
+
+
 def walk_write_request(
     buf: bytes,
     cache: SeriesCache,
@@ -313,31 +366,38 @@ def walk_write_request(
     max_samples: int,
     source: str = "remote_write",
     check: TimeCheck | None = None,
+    limits: Limits | None = None,
 ) -> tuple[list[EncodedMetricBatch], int, int]:
-    """Turn a decompressed WriteRequest into one batch per entity (see the module docstring).
+    """Turn a decompressed WriteRequest into batches per entity (see the module docstring).
 
     Series found in the cache take the shortcut; at the first one that does not, the whole body is
     validated with upb (once) and that series takes the general walk, which teaches the cache.
-    Samples stamped outside ``check``'s window are left out and counted there.
+    Samples stamped outside ``check``'s window are left out and counted there. An entity's samples
+    are split into batches of at most ``max_samples`` samples and ``limits.max_message_bytes`` bytes.
 
     Returns:
         ``(batches, samples accepted, samples dropped as non-finite)``.
 
     Raises:
-        RejectedInput: the body is not a valid WriteRequest, or a series is invalid.
+        RejectedInput: the body is not a valid WriteRequest, a series is invalid, or (413) it is
+            over one of ``limits``.
     """
+    limits = limits or Limits()
     try:
-        return _walk(buf, cache, max_samples, source, check)
+        return _walk(buf, cache, max_samples, source, check, limits)
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
-        validate_write_request(buf)  # says what is wrong in upb's words, if it can
+        _validate_within(buf, limits)  # says what is wrong in upb's words, if it can
         raise RejectedInput(f"body is not a prometheus.WriteRequest: {exc}", reason="protobuf") from exc
 
 
 def _walk(
-    buf: bytes, cache: SeriesCache, max_samples: int, source: str, check: TimeCheck | None
+    buf: bytes, cache: SeriesCache, max_samples: int, source: str, check: TimeCheck | None, limits: Limits
 ) -> tuple[list[EncodedMetricBatch], int, int]:
     by_entity: dict[str, list[str]] = {}
     accepted = dropped = index = 0
+    # samples beyond one per series, so that index + extra is every sample met so far
+    extra = 0
+    max_records = limits.max_records
     validated = False
     pos, end = 0, len(buf)
     unpack = _DOUBLE.unpack_from
@@ -386,6 +446,8 @@ def _walk(
                     if stamp is not None:
                         pos = series_end
                         index += 1
+                        if index > max_records:  # one sample a series: bounded memory, whatever the body
+                            limits.check_records(index + extra, "samples")
                         if not isfinite(value):
                             dropped += 1
                             continue
@@ -397,7 +459,7 @@ def _walk(
                         continue
         # the general walk, on a body upb has checked
         if not validated:
-            validate_write_request(buf)
+            _validate_within(buf, limits)
             validated = True
         tag, pos = _varint(buf, pos)
         if tag != 0x0A:  # not a TimeSeries (metadata, unknown): skip
@@ -408,6 +470,8 @@ def _walk(
         series, samples = _walk_series(buf, start, series_end, cache, index)
         pos = series_end
         index += 1
+        extra += len(samples) - 1
+        limits.check_records(index + extra, "samples")
         if len(samples) == 1:
             cache.learn_one_sample(buf, start, series_end, series)
         bucket = by_entity.get(series.entity)
@@ -428,12 +492,36 @@ def _walk(
             bucket.append(prefix + repr(value) + ',"ts":' + repr(ts) + "}")
             accepted += 1
     batches = [
-        EncodedMetricBatch.of(entity, source, samples_json[start : start + max_samples])
+        EncodedMetricBatch.of(entity, source, chunk)
         for entity, samples_json in by_entity.items()
-        for start in range(0, len(samples_json), max_samples)
-        if samples_json
+        for chunk in _chunks(entity, samples_json, max_samples, limits.max_message_bytes)
     ]
     return batches, accepted, dropped
+
+
+def _chunks(entity: str, samples_json: list[str], max_samples: int, max_bytes: int) -> list[list[str]]:
+    """``samples_json`` cut into runs of at most ``max_samples`` whose batch JSON fits ``max_bytes``.
+
+    A label set may be up to ``ingest_max_label_bytes``, so 1,000 samples can be far more than the
+    broker's message size. The fragments are ASCII (``json.dumps`` escapes the rest), so a
+    fragment's length is its size in bytes. One sample alone always makes a batch.
+    """
+    room = max_bytes - len(_json_string(entity)) - 128  # the head, the source and the brackets
+    total = sum(map(len, samples_json)) + len(samples_json)
+    if total <= room:  # the usual case: only the count splits
+        return [samples_json[start : start + max_samples] for start in range(0, len(samples_json), max_samples)]
+    chunks: list[list[str]] = []
+    chunk: list[str] = []
+    size = 0
+    for fragment in samples_json:
+        if chunk and (len(chunk) >= max_samples or size + len(fragment) + 1 > room):
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append(fragment)
+        size += len(fragment) + 1
+    if chunk:
+        chunks.append(chunk)
+    return chunks
 
 
 def _walk_series(

@@ -85,9 +85,13 @@ class IngestService:
             capacity=settings.ingest_queue_capacity,
             flush_timeout_s=settings.ingest_flush_timeout_s,
             retry_after_s=settings.ingest_retry_after_s,
+            max_message_bytes=settings.ingest_max_message_bytes,
         )
         self.delivered = DeliveredKeys(settings.ingest_dedup_ttl_s, settings.ingest_dedup_capacity)
-        self.series = SeriesCache()
+        self.limits = normalise.Limits.of(settings)
+        self.series = SeriesCache(
+            max_bytes=settings.ingest_series_cache_bytes, max_label_bytes=settings.ingest_max_label_bytes
+        )
         self.clock: Callable[[], float] = time.time  # the receiver's wall clock, for the event-time window
 
     def time_check(self) -> TimeCheck:
@@ -239,6 +243,7 @@ class IngestService:
             max_samples=self.settings.ingest_max_samples_per_batch,
             cache=self.series,
             check=check,
+            limits=self.limits,
         )
         return Parsed(list(batches), accepted, dropped, check=check)
 
@@ -249,11 +254,11 @@ class IngestService:
         encoding = headers.get("content-encoding", "").strip().lower()
         check = self.time_check()
         if media in ("application/json", "text/json") or media.endswith("+json"):
-            records = normalise.loki_json(normalise.inflate(body, encoding, limit), check)
+            records = normalise.loki_json(normalise.inflate(body, encoding, limit), check, self.limits)
         elif media in ("", "application/x-protobuf", "application/protobuf"):
             outer = "" if encoding == "snappy" else encoding  # the protobuf body is always snappy inside
             records = normalise.loki_protobuf(
-                normalise.inflate(body, outer, limit), max_decompressed=limit, check=check
+                normalise.inflate(body, outer, limit), max_decompressed=limit, check=check, limits=self.limits
             )
         else:
             raise RejectedInput(
@@ -266,7 +271,7 @@ class IngestService:
     def parse_alertmanager(self, body: bytes, headers: Headers) -> Parsed:
         """Decode a webhook v4 body, keeping only alert states not delivered before."""
         check = self.time_check()
-        anomalies = normalise.alertmanager_webhook(body, check)
+        anomalies = normalise.alertmanager_webhook(body, check, self.limits)
         events: list[Event] = []
         keys: list[str] = []
         for anomaly in anomalies:

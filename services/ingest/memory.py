@@ -30,6 +30,12 @@ class MemoryPublisher:
         with self._lock:
             self.pending.append((topic or event.topic, copy))
 
+    def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
+        """Queue bytes already serialised for a topic given by base name (parsed back as its event)."""
+        copy = EVENTS_BY_TOPIC[topic].from_bytes(value)
+        with self._lock:
+            self.pending.append((topic, copy))
+
     def flush(self, timeout_s: float = 30.0) -> None:
         """Acknowledge what is pending; wait for ``gate`` first.
 

@@ -3,7 +3,10 @@
 Every function here is pure (no I/O, no clock unless a ``now`` is passed) and raises
 :class:`~services.ingest.errors.RejectedInput` for input it cannot accept, with a message that says
 what is wrong. Given a :class:`~services.ingest.timebounds.TimeCheck`, each leaves out (and the check
-counts) the entries stamped outside the event-time window, keeping their valid neighbours.
+counts) the entries stamped outside the event-time window, keeping their valid neighbours. Given
+:class:`Limits` (the ``ingest_max_*`` settings), each refuses with 413 a payload holding more records,
+a longer line or larger labels than they allow, and bounds what a body becomes in memory before it is
+decoded. No input raises anything else (tests/unit/test_parsers_total.py).
 
 Labels and values are kept as received: counters stay cumulative and histograms stay
 ``_bucket``/``_sum``/``_count`` series, so detectors compute rates downstream without losing anything.
@@ -24,6 +27,7 @@ import math
 import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import cramjam
@@ -33,8 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from services.core.events import Anomaly, KubeEvent, LogRecord, MetricBatch, ObjectRef, Provenance, Severity
 from services.core.fingerprint import fingerprint as hash_parts
 from services.core.fingerprint import label_fingerprint
+from services.core.settings import Settings
 from services.ingest.errors import RejectedInput
-from services.ingest.protowire import PushRequest, WriteRequest
+from services.ingest.protowire import PUSH_REQUEST_SCHEMA, PushRequest, WriteRequest, message_count_at_most
 from services.ingest.timebounds import TimeCheck
 
 if TYPE_CHECKING:
@@ -72,6 +77,135 @@ def entity_of(labels: Mapping[str, str], name: str = "") -> tuple[str, EntityKin
     if job:
         return job, "service"
     return "unknown", "other"
+
+
+# ----------------------------------------------------------------------------------- limits
+
+
+def _default(name: str) -> int:
+    value: int = Settings.model_fields[name].default
+    return value
+
+
+MESSAGES_PER_RECORD = 16
+"""Protobuf messages (series, labels, streams, entries) or JSON values a push may hold per record allowed."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one payload may hold (the ``ingest_max_*`` settings); a payload over one is refused whole (413).
+
+    A receiver must bound what a body becomes in memory, not only its size on the wire: a 197 KB
+    snappy body of empty Loki entries once became 2.1 million records (+1.47 GB, 17 s). Each limit
+    names its setting in the refusal, so the sender's operator knows what to change.
+    """
+
+    max_records: int = _default("ingest_max_records_per_request")
+    max_line_bytes: int = _default("ingest_max_line_bytes")
+    max_label_bytes: int = _default("ingest_max_label_bytes")
+    max_message_bytes: int = _default("ingest_max_message_bytes")
+
+    @classmethod
+    def of(cls, settings: Settings) -> Limits:
+        """The limits ``settings`` set."""
+        return cls(
+            max_records=settings.ingest_max_records_per_request,
+            max_line_bytes=settings.ingest_max_line_bytes,
+            max_label_bytes=settings.ingest_max_label_bytes,
+            max_message_bytes=settings.ingest_max_message_bytes,
+        )
+
+    @property
+    def max_messages(self) -> int:
+        """Most protobuf messages (or JSON values) a body may hold, checked before it is decoded."""
+        return MESSAGES_PER_RECORD * self.max_records
+
+    def check_records(self, count: int, what: str) -> None:
+        """Refuse a payload of more than ``max_records`` records.
+
+        Raises:
+            RejectedInput: 413, naming the limit.
+        """
+        if count > self.max_records:
+            raise RejectedInput(
+                f"payload holds more than {self.max_records} {what}, the limit per request"
+                " (CLUSTERMEDIC_INGEST_MAX_RECORDS_PER_REQUEST): send smaller batches",
+                status=413,
+                reason="too_many_records",
+            )
+
+    def check_messages(self, fits: bool, what: str) -> None:
+        """Refuse a body that holds more than :attr:`max_messages` messages (``fits`` is the count's verdict).
+
+        Raises:
+            RejectedInput: 413, naming the limit.
+        """
+        if not fits:
+            raise RejectedInput(
+                f"body holds more than {self.max_messages} {what} ({MESSAGES_PER_RECORD} per record of"
+                f" CLUSTERMEDIC_INGEST_MAX_RECORDS_PER_REQUEST={self.max_records}): send smaller batches",
+                status=413,
+                reason="too_many_records",
+            )
+
+    def check_line(self, line: str, where: str) -> None:
+        """Refuse a log line longer than ``max_line_bytes`` (UTF-8).
+
+        Raises:
+            RejectedInput: 413, naming the limit.
+        """
+        if len(line) * 4 > self.max_line_bytes and (size := _utf8_len(line)) > self.max_line_bytes:
+            raise RejectedInput(
+                f"{where}: line of {size} bytes is over the {self.max_line_bytes}-byte limit"
+                " (CLUSTERMEDIC_INGEST_MAX_LINE_BYTES)",
+                status=413,
+                reason="line_too_long",
+            )
+
+    def check_labels(self, size: int, where: str) -> None:
+        """Refuse a label set of more than ``max_label_bytes`` (names and values together).
+
+        Raises:
+            RejectedInput: 413, naming the limit.
+        """
+        if size > self.max_label_bytes:
+            raise RejectedInput(
+                f"{where}: labels of {size} bytes are over the {self.max_label_bytes}-byte limit"
+                " (CLUSTERMEDIC_INGEST_MAX_LABEL_BYTES)",
+                status=413,
+                reason="labels_too_large",
+            )
+
+    def check_label_dict(self, labels: Mapping[str, str], where: str) -> None:
+        """:meth:`check_labels` on a dict of labels."""
+        chars = sum(len(k) + len(v) for k, v in labels.items())
+        if chars * 4 > self.max_label_bytes:
+            self.check_labels(sum(_utf8_len(k) + _utf8_len(v) for k, v in labels.items()), where)
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+# a JSON string, unrolled so that it never backtracks: "...", with any escapes
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def json_values_at_most(raw: bytes, limit: int) -> bool:
+    """Whether the JSON text ``raw`` holds at most about ``limit`` values (keys counted too).
+
+    ``json.loads`` turns each value into a Python object of ~50-70 bytes, so 64 MiB of ``["1",""],``
+    would take more than a gigabyte. Every value but the first is preceded by a ``,``, ``:``, ``[``
+    or ``{``, so their count bounds the values: one C-speed pass decides for any ordinary body; only
+    a larger one has its strings (whose commas do not count) blanked and is counted again.
+    """
+
+    def structural(text: bytes) -> int:
+        return text.count(b",") + text.count(b":") + text.count(b"[") + text.count(b"{")
+
+    if structural(raw) <= limit:
+        return True
+    return structural(_JSON_STRING.sub(b'""', raw)) <= limit
 
 
 # ------------------------------------------------------------------------------ compression
@@ -148,8 +282,8 @@ def metric_batches(
         check: the event-time window; samples outside it are left out and counted there.
 
     Returns:
-        The batches and how many samples were dropped because their value is not finite (NaN
-        staleness markers, infinities: JSON has no number for them).
+        The batches and how many samples were dropped because their value or timestamp is not
+        finite (NaN staleness markers, infinities: JSON has no number for them).
     """
     by_entity: dict[str, list[dict[str, Any]]] = {}
     dropped = 0
@@ -158,7 +292,7 @@ def metric_batches(
         entity = entity_of(labels, name)[0]
         bucket = by_entity.setdefault(entity, [])
         for value, ts in samples:
-            if not math.isfinite(value):
+            if not math.isfinite(value) or not math.isfinite(ts):  # JSON has no number for either
                 dropped += 1
                 continue
             if check is not None and not check.admit(ts, {"name": name, "labels": labels}):
@@ -179,6 +313,7 @@ def remote_write(
     max_samples: int,
     cache: SeriesCache | None = None,
     check: TimeCheck | None = None,
+    limits: Limits | None = None,
 ) -> tuple[list[MetricBatch], int, int]:
     """Decode a remote_write 1.0 body (snappy block of a ``prometheus.WriteRequest``).
 
@@ -192,14 +327,16 @@ def remote_write(
         ``(batches, samples accepted, samples dropped as non-finite)``.
 
     Raises:
-        RejectedInput: not snappy, not a WriteRequest, too large, or a series is invalid.
+        RejectedInput: not snappy, not a WriteRequest, too large, a series is invalid, or (413) over
+            one of ``limits``.
     """
     from services.ingest.fastwrite import SeriesCache, walk_write_request
 
+    limits = limits or Limits()
     raw = snappy_block(body, max_decompressed)
     # the walk checks the body with upb (C) unless every series is one upb accepted before
-    cache = cache if cache is not None else SeriesCache()
-    batches, accepted, dropped = walk_write_request(raw, cache, max_samples=max_samples, check=check)
+    cache = cache if cache is not None else SeriesCache(max_label_bytes=limits.max_label_bytes)
+    batches, accepted, dropped = walk_write_request(raw, cache, max_samples=max_samples, check=check, limits=limits)
     return list(batches), accepted, dropped
 
 
@@ -258,21 +395,31 @@ def _check_stream(index: int, stream: dict[str, str]) -> None:
         raise RejectedInput(f"stream {index}: at least one label pair is required", reason="labels")
 
 
-def loki_json(raw: bytes, check: TimeCheck | None = None) -> list[LogRecord]:
+def loki_json(raw: bytes, check: TimeCheck | None = None, limits: Limits | None = None) -> list[LogRecord]:
     """Decode a Loki JSON push body ``{"streams": [{"stream": {...}, "values": [["<ns>", "line"]]}]}``.
 
     A third element of a value (structured metadata) is accepted and not kept: LogRecord has no field
     for it. Entries stamped outside ``check``'s window are left out and counted there.
 
     Raises:
-        RejectedInput: not JSON, or not the documented shape.
+        RejectedInput: not JSON, not the documented shape, or over one of ``limits`` (413).
     """
+    limits = limits or Limits()
+    limits.check_messages(json_values_at_most(raw, limits.max_messages), "JSON values")
     try:
         payload = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise RejectedInput(f"body is not JSON: {exc}", reason="json") from exc
     if not isinstance(payload, dict) or not isinstance(payload.get("streams"), list):
         raise RejectedInput('body must be an object with a "streams" list', reason="schema")
+    limits.check_records(
+        sum(
+            len(item["values"])
+            for item in payload["streams"]
+            if isinstance(item, dict) and isinstance(item.get("values"), list)
+        ),
+        "log entries",
+    )
     records: list[LogRecord] = []
     for i, item in enumerate(payload["streams"]):
         if not isinstance(item, dict):
@@ -284,6 +431,7 @@ def loki_json(raw: bytes, check: TimeCheck | None = None) -> list[LogRecord]:
         ):
             raise RejectedInput(f"streams[{i}].stream must map label names to strings", reason="schema")
         _check_stream(i, stream)
+        limits.check_label_dict(stream, f"streams[{i}].stream")
         if not isinstance(values, list):
             raise RejectedInput(f"streams[{i}].values must be a list", reason="schema")
         for j, value in enumerate(values):
@@ -303,6 +451,7 @@ def loki_json(raw: bytes, check: TimeCheck | None = None) -> list[LogRecord]:
                     f"streams[{i}].values[{j}]: timestamp {value[0][:30]!r} is not unix nanoseconds",
                     reason="timestamp",
                 )
+            limits.check_line(value[1], f"streams[{i}].values[{j}]")
             ts = int(value[0]) / 1e9
             if check is not None and not check.admit(ts, {"stream": stream, "line": value[1][:200]}):
                 continue
@@ -310,24 +459,32 @@ def loki_json(raw: bytes, check: TimeCheck | None = None) -> list[LogRecord]:
     return records
 
 
-def loki_protobuf(body: bytes, *, max_decompressed: int, check: TimeCheck | None = None) -> list[LogRecord]:
+def loki_protobuf(
+    body: bytes, *, max_decompressed: int, check: TimeCheck | None = None, limits: Limits | None = None
+) -> list[LogRecord]:
     """Decode a Loki protobuf push body (snappy block of a ``logproto.PushRequest``).
 
     Entries stamped outside ``check``'s window are left out and counted there.
 
     Raises:
-        RejectedInput: not snappy, not a PushRequest, or stream labels that do not parse.
+        RejectedInput: not snappy, not a PushRequest, stream labels that do not parse, or over one of
+            ``limits`` (413).
     """
+    limits = limits or Limits()
     raw = snappy_block(body, max_decompressed)
+    limits.check_messages(message_count_at_most(raw, PUSH_REQUEST_SCHEMA, limits.max_messages), "protobuf messages")
     try:
         request = PushRequest.FromString(raw)
     except ProtobufDecodeError as exc:
         raise RejectedInput(f"body is not a logproto.PushRequest: {exc}", reason="protobuf") from exc
+    limits.check_records(sum(len(stream.entries) for stream in request.streams), "log entries")
     records: list[LogRecord] = []
     for i, stream in enumerate(request.streams):
+        limits.check_labels(_utf8_len(stream.labels), f"streams[{i}].labels")
         labels = parse_stream_labels(stream.labels)
         _check_stream(i, labels)
-        for entry in stream.entries:
+        for j, entry in enumerate(stream.entries):
+            limits.check_line(entry.line, f"streams[{i}].entries[{j}]")
             ts = entry.timestamp.seconds + entry.timestamp.nanos / 1e9
             if check is not None and not check.admit(ts, {"stream": labels, "line": entry.line[:200]}):
                 continue
@@ -365,8 +522,12 @@ def parse_rfc3339(text: str) -> float:
     if zone not in ("Z", "z"):
         sign = 1 if zone[0] == "+" else -1
         tz = dt.timezone(sign * dt.timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6])))
-    moment = dt.datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), tzinfo=tz)
-    return moment.timestamp() + (float(f"0.{frac}") if frac else 0.0)
+    try:
+        moment = dt.datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), tzinfo=tz)
+        seconds = moment.timestamp()
+    except OverflowError as exc:  # a zone offset can carry year 1 or 9999 out of datetime's range
+        raise ValueError(f"{text!r} is out of range: {exc}") from exc
+    return seconds + (float(f"0.{frac[:9]}") if frac else 0.0)
 
 
 class WebhookAlert(BaseModel):
@@ -427,7 +588,7 @@ WEBHOOK_PROVENANCE = Provenance(source="alertmanager_webhook", stream="/api/v1/a
 until telemetry ClusterMedic collected corroborates them (docs/security.md)."""
 
 
-def alertmanager_webhook(raw: bytes, check: TimeCheck | None = None) -> list[Anomaly]:
+def alertmanager_webhook(raw: bytes, check: TimeCheck | None = None, limits: Limits | None = None) -> list[Anomaly]:
     """Turn an Alertmanager webhook v4 body into one :class:`Anomaly` per alert.
 
     Each anomaly carries :data:`WEBHOOK_PROVENANCE`: trusted for nothing, so it can open an incident
@@ -447,8 +608,10 @@ def alertmanager_webhook(raw: bytes, check: TimeCheck | None = None) -> list[Ano
         same four values, while its resolution or a new firing does not.
 
     Raises:
-        RejectedInput: not JSON or not a webhook v4 payload.
+        RejectedInput: not JSON or not a webhook v4 payload, or more alerts than ``limits`` allow (413).
     """
+    limits = limits or Limits()
+    limits.check_messages(json_values_at_most(raw, limits.max_messages), "JSON values")
     try:
         payload = WebhookPayload.model_validate_json(raw)
     except ValidationError as exc:
@@ -459,8 +622,10 @@ def alertmanager_webhook(raw: bytes, check: TimeCheck | None = None) -> list[Ano
             f"not an Alertmanager webhook v4 payload: {where}: {first['msg']} ({exc.error_count()} errors)",
             reason=why,
         ) from exc
+    limits.check_records(len(payload.alerts), "alerts")
     out: list[Anomaly] = []
     for i, alert in enumerate(payload.alerts):
+        limits.check_label_dict(alert.labels, f"alerts[{i}].labels")
         try:
             starts = parse_rfc3339(alert.startsAt)
             ends = parse_rfc3339(alert.endsAt) if alert.endsAt else 0.0
@@ -527,9 +692,11 @@ def kube_event(obj: Mapping[str, Any], check: TimeCheck | None = None) -> KubeEv
         check: the event-time window; an event stamped outside it is refused.
 
     Raises:
-        RejectedInput: the object has no involved/regarding object or no reason, or (reason
-            ``out_of_bounds``) its time is outside ``check``'s window.
+        RejectedInput: the object is not an event object, has no involved/regarding object or no
+            reason, or (reason ``out_of_bounds``) its time is outside ``check``'s window.
     """
+    if not isinstance(obj, Mapping):
+        raise RejectedInput(f"event is a JSON {type(obj).__name__}, not an object", reason="schema")
     regarding = obj.get("regarding") or obj.get("involvedObject") or {}
     if not isinstance(regarding, Mapping) or not regarding.get("kind") or not regarding.get("name"):
         raise RejectedInput("event has no involvedObject/regarding kind and name", reason="schema")
@@ -546,7 +713,7 @@ def kube_event(obj: Mapping[str, Any], check: TimeCheck | None = None) -> KubeEv
         or obj.get("eventTime")
         or obj.get("firstTimestamp")
         or obj.get("deprecatedFirstTimestamp")
-        or (obj.get("metadata") or {}).get("creationTimestamp")
+        or _mapping(obj.get("metadata")).get("creationTimestamp")
     )
     try:
         ts = parse_rfc3339(stamp) if isinstance(stamp, str) else 0.0
@@ -571,10 +738,14 @@ def kube_event(obj: Mapping[str, Any], check: TimeCheck | None = None) -> KubeEv
                 uid=str(regarding.get("uid") or ""),
             ),
             message=str(obj.get("note") or obj.get("message") or ""),
-            count=max(1, int(count)),
+            count=max(1, min(int(count), 2**31 - 1)),  # an int32 in the API
             ts=ts,
             node=node,
             source_component=str(component or ""),
         )
-    except (ValidationError, TypeError, ValueError) as exc:
+    except (ValidationError, TypeError, ValueError, OverflowError) as exc:  # OverflowError: int(1e400)
         raise RejectedInput(f"event does not normalise: {exc}", reason="schema") from exc
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}

@@ -49,6 +49,14 @@ class Publisher(Protocol):
 
 
 @runtime_checkable
+class RawPublisher(Publisher, Protocol):
+    """A publisher that also takes bytes already serialised (both Kafka publishers are)."""
+
+    def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
+        """Queue ``value`` for the topic of base name ``topic``."""
+
+
+@runtime_checkable
 class PipelinedPublisher(Publisher, Protocol):
     """A publisher whose flush can complete later, so the next round can be published meanwhile."""
 
@@ -115,6 +123,11 @@ class IngestMetrics:
             "Accepted records that could not be serialised for Kafka and were dead-lettered on their own",
             registry=r,
         )
+        self.oversized = Counter(
+            "clustermedic_ingest_oversized",
+            "Accepted records larger than ingest_max_message_bytes, dead-lettered on their own",
+            registry=r,
+        )
         self.deadletters_lost = Counter(
             "clustermedic_ingest_deadletters_lost",
             "Dead letters not written (their allowance was full)",
@@ -172,6 +185,8 @@ class PublishQueue:
         round_weight: most weight published per flush (bounds a round's latency).
         rounds_in_flight: most rounds awaiting Kafka's acks at once, with a :class:`PipelinedPublisher`
             (any other publisher has one: its flush blocks).
+        max_message_bytes: a record that serialises to more is dead-lettered on its own instead of
+            failing its round at the broker (``ingest_max_message_bytes``); None: no check.
     """
 
     def __init__(
@@ -185,8 +200,11 @@ class PublishQueue:
         retry_after_s: int = 5,
         round_weight: int = 50_000,
         rounds_in_flight: int = 4,
+        max_message_bytes: int | None = None,
     ) -> None:
         self._publisher = publisher
+        self._max_message_bytes = max_message_bytes
+        self._send_raw = publisher.send_raw if isinstance(publisher, RawPublisher) else None
         self._metrics = metrics
         self.capacity = capacity
         self._dl_capacity = deadletter_capacity
@@ -350,29 +368,48 @@ class PublishQueue:
             self._complete(jobs, None)
 
     def _publish_one(self, event: Event) -> None:
-        """Publish one event; one that cannot be serialised is dead-lettered alone, not with its round.
+        """Publish one event; one the broker could never take is dead-lettered alone, not with its round.
 
         A record can parse and still fail to serialise (a JSON ``\\ud800`` escape is a lone surrogate,
-        which UTF-8 cannot encode). Raised from here it would fail every job of the round, and the
+        which UTF-8 cannot encode), or serialise to more than the broker takes in one message
+        (``max_message_bytes``). Raised from here either would fail every job of the round, and the
         senders' retries would fail again forever. Broker errors still fail the round: they are
         :class:`~services.core.errors.InfraError`, not ``ValueError``.
         """
         try:
-            self._publisher.publish(event)
+            value = event.to_bytes()
+            key = event.key().encode()
         except (ValueError, UnicodeError) as exc:  # pydantic's serialisation error is a ValueError
             self._metrics.unserialisable.inc()
-            raw = repr(event).encode("utf-8", "backslashreplace")[:65_536]
-            log.warning("dead-lettering a %s that cannot be serialised: %s", type(event).__name__, exc)
-            self._publisher.publish(
-                DeadLetter.of(
-                    raw=raw,
-                    source_topic=event.topic,
-                    error=f"cannot serialise the record: {exc}"[:1000],
-                    consumer="ingest",
-                    ts=time.time(),
-                    source_key=_safe_key(event),
-                )
+            raw = repr(event).encode("utf-8", "backslashreplace")
+            self._deadletter_alone(event, raw, f"cannot serialise the record: {exc}")
+            return
+        limit = self._max_message_bytes
+        if limit is not None and len(value) > limit:
+            self._metrics.oversized.inc()
+            error = (
+                f"record of {len(value)} bytes is over the {limit}-byte message limit"
+                " (CLUSTERMEDIC_INGEST_MAX_MESSAGE_BYTES, under the broker's message.max.bytes)"
             )
+            self._deadletter_alone(event, value, error)
+            return
+        if self._send_raw is not None:
+            self._send_raw(event.topic, key, value)  # serialised once
+        else:
+            self._publisher.publish(event)
+
+    def _deadletter_alone(self, event: Event, raw: bytes, error: str) -> None:
+        log.warning("dead-lettering a %s on its own: %s", type(event).__name__, error[:300])
+        self._publisher.publish(
+            DeadLetter.of(
+                raw=raw[:65_536],
+                source_topic=event.topic,
+                error=error[:1000],
+                consumer="ingest",
+                ts=time.time(),
+                source_key=_safe_key(event),
+            )
+        )
 
     def _completer(self, jobs: list[_Job]) -> Done:
         def acked(error: BaseException | None) -> None:
