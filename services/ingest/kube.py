@@ -143,10 +143,18 @@ class EventWatcher:
     def relist(self) -> None:
         """List every event, deliver those not delivered yet, and remember the list's version."""
         response = self._list(_preload_content=False)
-        body = json.loads(response.data)
+        try:
+            body = json.loads(response.data)
+        except (ValueError, RecursionError) as exc:  # retried by run(), as a dropped connection is
+            raise RejectedInput(f"event list is not JSON: {exc}", reason="json") from exc
+        if not isinstance(body, dict):
+            raise RejectedInput(f"event list is a JSON {type(body).__name__}, not an object", reason="schema")
+        items, metadata = body.get("items"), body.get("metadata")
+        if not isinstance(items, list | None) or not isinstance(metadata, dict | None):
+            raise RejectedInput("event list is not an object with an items list", reason="schema")
         self.relists += 1
-        self._deliver(body.get("items") or [])
-        self.resource_version = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        self._deliver(items or [])
+        self.resource_version = str((metadata or {}).get("resourceVersion") or "")
 
     def watch_once(self) -> None:
         """One watch request from the current version, until it ends."""
@@ -159,7 +167,7 @@ class EventWatcher:
         )
         for item in stream:
             kind, obj = item.get("type"), item.get("raw_object") or {}
-            version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+            version = str(_metadata(obj).get("resourceVersion") or "")
             if kind in ("ADDED", "MODIFIED"):
                 self._deliver([obj])
             if version:
@@ -167,33 +175,63 @@ class EventWatcher:
             if self._stopped:
                 break
 
-    def _deliver(self, objects: list[Mapping[str, Any]]) -> None:
+    def _deliver(self, objects: list[Any]) -> None:
+        """Emit each object not delivered before as a KubeEvent, or as a dead letter on its own.
+
+        One bad object (not an event, a field of the wrong type) must not drop the list it came in:
+        it is dead-lettered and its neighbours are emitted.
+        """
         out: list[KubeEvent | DeadLetter] = []
+        reserved: list[str] = []
         now = time.time()
         for obj in objects:
-            meta = obj.get("metadata") or {}
-            key = f"{meta.get('uid', '')}/{meta.get('resourceVersion', '')}"
+            key = _delivery_key(obj)
             if not self._seen.reserve(key):
                 continue
+            reserved.append(key)
             try:
                 check = self._time_window(now) if self._time_window is not None else None
                 out.append(kube_event(obj, check))
             except RejectedInput as exc:
-                out.append(
-                    DeadLetter.of(
-                        raw=json.dumps(obj).encode(),
-                        source_topic="k8s:events",
-                        error=exc,
-                        consumer="ingest",
-                        ts=time.time(),
-                        source_key=str(meta.get("uid", "")),
-                    )
-                )
+                out.append(_deadletter(obj, exc))
+            except Exception as exc:  # a normaliser bug must not drop the neighbours either; it is logged loudly
+                log.exception("event object could not be normalised")
+                out.append(_deadletter(obj, exc))
         if out:
             try:
                 self._emit(out)
             except Exception:
-                for obj in objects:  # not delivered: let a relist deliver them again
-                    meta = obj.get("metadata") or {}
-                    self._seen.release(f"{meta.get('uid', '')}/{meta.get('resourceVersion', '')}")
+                for key in reserved:  # not delivered: let a relist deliver them again
+                    self._seen.release(key)
                 raise
+
+
+def _metadata(obj: object) -> Mapping[str, Any]:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _delivery_key(obj: object) -> str:
+    """``uid/resourceVersion``: a new version of an event (its count went up) is news, a relist's repeat is not."""
+    meta = _metadata(obj)
+    if not meta:  # not an event object: its own bytes tell a repeat
+        try:
+            return "raw:" + json.dumps(obj, sort_keys=True, default=str)[:2000]
+        except (ValueError, RecursionError):
+            return "raw:" + repr(obj)[:2000]
+    return f"{meta.get('uid', '')}/{meta.get('resourceVersion', '')}"[:2000]
+
+
+def _deadletter(obj: object, error: BaseException) -> DeadLetter:
+    try:
+        raw = json.dumps(obj, default=str).encode("utf-8", "backslashreplace")
+    except (ValueError, RecursionError):
+        raw = repr(obj).encode("utf-8", "backslashreplace")
+    return DeadLetter.of(
+        raw=raw[:262_144],
+        source_topic="k8s:events",
+        error=error,
+        consumer="ingest",
+        ts=time.time(),
+        source_key=str(_metadata(obj).get("uid", ""))[:500],
+    )

@@ -21,7 +21,10 @@ Every client normalises with :mod:`services.ingest.normalise` and publishes thro
 and a cursor moves only after that acknowledgement: delivery is at-least-once. A bad answer (not 200,
 not JSON, not the documented shape, an exposition that does not parse, a body over the size limit) is
 logged with what is wrong, written to ``deadletter.v1``, and retried at the next poll; an unreachable
-server is logged. Nothing of the kind stops the loop (:func:`run_every`).
+server is logged. A bad *item* of a good answer (a series, value, stream or entry not in the documented
+shape, or one the push receiver would refuse) is left out and recorded (:class:`Skipped`): the rest is
+published, what was left out is dead-lettered once, and the cursor moves past the page, so one poison
+entry cannot stall a cursor forever. Nothing of the kind stops the loop (:func:`run_every`).
 
 With a :class:`CursorStore` (what ``medic ingest pull-prom|pull-loki`` use: a JSON file in the state
 directory) the cursors outlive the process: a restarted puller resumes where the last acknowledged
@@ -39,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -157,6 +160,16 @@ class Delivery:
         error = RejectedInput(f"{source}: {check.message(total, what)}", reason="out_of_bounds")
         self.deadletter(receiver=receiver, source=source, key=key, raw=check.deadletter_raw(self._keep), error=error)
 
+    def skipped(self, skipped: Skipped, *, receiver: str, source: str, key: str, what: str) -> None:
+        """Dead-letter what a page left out (after its good items were published), once per page."""
+        if not skipped.count:
+            return
+        first = skipped.examples[0] if skipped.examples else ""
+        error = RejectedInput(
+            f"{source}: {skipped.count} {what} left out, the rest kept; first: {first}", reason="schema"
+        )
+        self.deadletter(receiver=receiver, source=source, key=key, raw=skipped.raw(), error=error)
+
     def publish(self, events: Sequence[Event]) -> None:
         """Publish events and block until Kafka acknowledged every one.
 
@@ -208,6 +221,7 @@ def delivery_for(settings: Settings, publisher: Publisher) -> Delivery:
         capacity=settings.ingest_queue_capacity,
         flush_timeout_s=settings.ingest_flush_timeout_s,
         retry_after_s=settings.ingest_retry_after_s,
+        max_message_bytes=settings.ingest_max_message_bytes,
     )
     queue.start()
     return Delivery(
@@ -264,7 +278,7 @@ def _json_answer(answer: Answer, what: str) -> dict[str, Any]:
     """The body as a JSON object in Prometheus' API envelope, with ``status == "success"``."""
     try:
         payload = json.loads(answer.body)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise RejectedInput(f"{what}: answer is not JSON: {exc}", reason="json") from exc
     if not isinstance(payload, dict):
         raise RejectedInput(f"{what}: answer is not a JSON object", reason="schema")
@@ -273,12 +287,35 @@ def _json_answer(answer: Answer, what: str) -> dict[str, Any]:
             f"{what}: status {payload.get('status')!r}: {payload.get('errorType', '')} {payload.get('error', '')}",
             reason="api_error",
         )
-    for warning in payload.get("warnings") or ():
-        log.info("%s: server warning: %s", what, warning)
+    warnings = payload.get("warnings")
+    for warning in warnings if isinstance(warnings, list) else ():
+        log.info("%s: server warning: %s", what, str(warning)[:500])
     data = payload.get("data")
     if not isinstance(data, dict) or not isinstance(data.get("result"), list):
         raise RejectedInput(f'{what}: answer has no "data.result" list', reason="schema")
     return data
+
+
+@dataclass
+class Skipped:
+    """Items of an answer left out because they are not in the documented shape; the rest are kept.
+
+    One bad series or entry must not hold back its page: the page's good items are published, the
+    cursor moves past the page, and what was left out is dead-lettered once (:meth:`Delivery.skipped`).
+    """
+
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, message: str) -> None:
+        """Record one item left out, with what is wrong with it (kept for the first 20)."""
+        self.count += 1
+        if len(self.examples) < 20:
+            self.examples.append(message[:300])
+
+    def raw(self) -> bytes:
+        """What the dead letter keeps."""
+        return json.dumps({"skipped": self.count, "examples": self.examples}).encode("utf-8", "backslashreplace")
 
 
 def _http_client(timeout_s: float) -> httpx.Client:
@@ -313,7 +350,8 @@ def parse_exposition(text: str, *, scrape_ts: float, target_labels: Mapping[str,
                 labels["__name__"] = sample.name
                 ts = float(sample.timestamp) if sample.timestamp is not None else scrape_ts
                 series.append((labels, [(float(sample.value), ts)]))
-    except (ValueError, IndexError, TypeError) as exc:  # prometheus_client's parser raises these on bad text
+    # prometheus_client's parser raises these on bad text; OverflowError on a 400-digit timestamp
+    except (ValueError, LookupError, TypeError, ArithmeticError) as exc:
         raise RejectedInput(f"exposition does not parse: {exc or type(exc).__name__}", reason="exposition") from exc
     return series
 
@@ -463,24 +501,30 @@ def _ms_text(ms: int) -> str:
     return f"{ms // 1000}.{ms % 1000:03d}"
 
 
-def matrix_series(data: Mapping[str, Any], *, default_name: str, what: str) -> list[Series]:
+def matrix_series(
+    data: Mapping[str, Any], *, default_name: str, what: str, skipped: Skipped | None = None
+) -> list[Series]:
     """The series of a ``query_range`` ``data`` object (``resultType`` matrix).
 
     A series without ``__name__`` (the result of ``rate()``, ``sum()``, ...) is named ``default_name``.
+    A series or value not in the documented shape is left out and recorded in ``skipped``.
 
     Raises:
-        RejectedInput: not a matrix, or a series or value not in the documented shape.
+        RejectedInput: not a matrix.
     """
     if data.get("resultType") != "matrix":
         raise RejectedInput(f"{what}: resultType {data.get('resultType')!r}, expected 'matrix'", reason="schema")
+    skipped = skipped if skipped is not None else Skipped()
     series: list[Series] = []
     for i, item in enumerate(data["result"]):
         metric = item.get("metric") if isinstance(item, dict) else None
         values = item.get("values", []) if isinstance(item, dict) else None
         if not isinstance(metric, dict) or not all(isinstance(v, str) for v in metric.values()):
-            raise RejectedInput(f"{what}: result[{i}].metric must map label names to strings", reason="schema")
+            skipped.add(f"result[{i}].metric must map label names to strings: {str(item)[:80]}")
+            continue
         if not isinstance(values, list):
-            raise RejectedInput(f"{what}: result[{i}].values must be a list", reason="schema")
+            skipped.add(f"result[{i}].values must be a list: {str(values)[:80]}")
+            continue
         samples: list[tuple[float, float]] = []
         for j, pair in enumerate(values):
             try:
@@ -488,11 +532,8 @@ def matrix_series(data: Mapping[str, Any], *, default_name: str, what: str) -> l
                 if not isinstance(ts, int | float) or isinstance(ts, bool) or not isinstance(text, str):
                     raise TypeError
                 samples.append((float(text), float(ts)))
-            except (TypeError, ValueError) as exc:
-                raise RejectedInput(
-                    f'{what}: result[{i}].values[{j}] is not [<unix seconds>, "<value>"]: {str(pair)[:80]}',
-                    reason="schema",
-                ) from exc
+            except (TypeError, ValueError, OverflowError):  # OverflowError: a 400-digit timestamp
+                skipped.add(f'result[{i}].values[{j}] is not [<unix seconds>, "<value>"]: {str(pair)[:80]}')
         labels = dict(metric)
         labels["__name__"] = labels.get("__name__") or default_name
         series.append((labels, samples))
@@ -618,9 +659,10 @@ class PrometheusPuller:
             metrics.requests.labels(self.receiver, "unreachable").inc()
             return None
         metrics.requests.labels(self.receiver, str(answer.status)).inc()
+        skipped = Skipped()
         try:
             _check_answer(answer, what, self._max_bytes)
-            series = matrix_series(_json_answer(answer, what), default_name=name, what=what)
+            series = matrix_series(_json_answer(answer, what), default_name=name, what=what, skipped=skipped)
         except RejectedInput as exc:
             self._delivery.deadletter(
                 receiver=self.receiver, source=f"pull:{self.url}", key=name, raw=answer.body, error=exc
@@ -642,6 +684,8 @@ class PrometheusPuller:
         self._delivery.refused(
             check, receiver=self.receiver, source=f"pull:{self.url}", key=name, total=total, what="samples"
         )
+        # left-out series and values are not asked for again either: asked again, they would be left out again
+        self._delivery.skipped(skipped, receiver=self.receiver, source=f"pull:{self.url}", key=name, what="values")
         metrics.received.labels(self.receiver).inc(accepted)
         if dropped:
             metrics.dropped.labels(self.receiver).inc(dropped)
@@ -666,24 +710,38 @@ class LokiEntry:
         return json.dumps([sorted(self.stream.items()), self.ns, self.line])
 
 
-def loki_entries(data: Mapping[str, Any], *, what: str) -> list[LokiEntry]:
+def loki_entries(
+    data: Mapping[str, Any], *, what: str, skipped: Skipped | None = None, limits: normalise.Limits | None = None
+) -> list[LokiEntry]:
     """The entries of a Loki ``query_range`` ``data`` object (``resultType`` streams), oldest first.
 
+    A stream or entry not in the documented shape, or one the push receiver would refuse (a stream
+    without labels, a line or labels over ``limits``), is left out and recorded in ``skipped``.
+
     Raises:
-        RejectedInput: a metric (matrix) answer, or streams/values not in the documented shape.
+        RejectedInput: a metric (matrix) answer.
     """
     kind = data.get("resultType")
     if kind != "streams":
         hint = ": pull-loki follows log queries, not metric queries" if kind == "matrix" else ""
         raise RejectedInput(f"{what}: resultType {kind!r}, expected 'streams'{hint}", reason="schema")
+    skipped = skipped if skipped is not None else Skipped()
+    limits = limits or normalise.Limits()
     entries: list[LokiEntry] = []
     for i, item in enumerate(data["result"]):
         stream = item.get("stream") if isinstance(item, dict) else None
         values = item.get("values") if isinstance(item, dict) else None
-        if not isinstance(stream, dict) or not all(isinstance(v, str) for v in stream.values()):
-            raise RejectedInput(f"{what}: result[{i}].stream must map label names to strings", reason="schema")
-        if not isinstance(values, list):
-            raise RejectedInput(f"{what}: result[{i}].values must be a list", reason="schema")
+        try:
+            if not isinstance(stream, dict) or not all(isinstance(v, str) for v in stream.values()):
+                raise RejectedInput(f"result[{i}].stream must map label names to strings")
+            if not stream:
+                raise RejectedInput(f"result[{i}].stream has no labels (the push receiver refuses it too)")
+            if not isinstance(values, list):
+                raise RejectedInput(f"result[{i}].values must be a list")
+            limits.check_label_dict(stream, f"result[{i}].stream")
+        except RejectedInput as exc:
+            skipped.add(f"{exc}: {str(item)[:80]}")
+            continue
         for j, value in enumerate(values):
             if (
                 not isinstance(value, list)
@@ -691,20 +749,26 @@ def loki_entries(data: Mapping[str, Any], *, what: str) -> list[LokiEntry]:
                 or not isinstance(value[0], str)
                 or not value[0].isascii()
                 or not value[0].isdigit()
+                or len(value[0]) > 20  # 2^64 ns is 20 digits; int() of 5,000 digits raises
                 or not isinstance(value[1], str)
                 or (len(value) == 3 and not isinstance(value[2], dict))
             ):
-                raise RejectedInput(
-                    f'{what}: result[{i}].values[{j}] is not ["<unix ns>", "<line>"]: {str(value)[:80]}',
-                    reason="schema",
-                )
+                skipped.add(f'result[{i}].values[{j}] is not ["<unix ns>", "<line>"]: {str(value)[:80]}')
+                continue
+            try:
+                limits.check_line(value[1], f"result[{i}].values[{j}]")
+            except RejectedInput as exc:
+                skipped.add(str(exc))
+                continue
             metadata = value[2] if len(value) == 3 else None
             entries.append(LokiEntry(int(value[0]), dict(stream), value[1], metadata))
     entries.sort(key=lambda e: e.ns)  # stable: each stream's own order is kept
     return entries
 
 
-def log_records(entries: Iterable[LokiEntry], check: TimeCheck | None = None) -> list[LogRecord]:
+def log_records(
+    entries: Iterable[LokiEntry], check: TimeCheck | None = None, limits: normalise.Limits | None = None
+) -> list[LogRecord]:
     """Normalise entries exactly as the Loki push receiver does (through :func:`normalise.loki_json`).
 
     Entries stamped outside ``check``'s window are left out and counted there.
@@ -720,7 +784,7 @@ def log_records(entries: Iterable[LokiEntry], check: TimeCheck | None = None) ->
         if entry.metadata is not None:
             value.append(entry.metadata)
         stream["values"].append(value)
-    records = normalise.loki_json(json.dumps({"streams": list(streams.values())}).encode(), check)
+    records = normalise.loki_json(json.dumps({"streams": list(streams.values())}).encode(), check, limits)
     return sorted(records, key=lambda r: r.ts)  # stable: each stream's own order is kept
 
 
@@ -740,6 +804,8 @@ class LokiPuller:
         clock: wall clock (seconds).
         cursors: where the cursor is kept across restarts (default: memory only).
         max_catchup_s: a stored cursor older than this is moved forward to it (with a warning).
+        limits: line and label limits of the push receiver (``ingest_max_*``); an entry over them is
+            left out and dead-lettered, its neighbours kept.
     """
 
     receiver = "loki_pull"
@@ -759,7 +825,9 @@ class LokiPuller:
         clock: Clock = time.time,
         cursors: CursorStore | None = None,
         max_catchup_s: float = 6 * 3600.0,
+        limits: normalise.Limits | None = None,
     ) -> None:
+        self._limits = limits or normalise.Limits()
         self.url = base_url.rstrip("/") + LOKI_QUERY_RANGE_PATH
         self._store = cursors or CursorStore(None)
         self._store_key = f"loki {self.url} {tenant} {query}"
@@ -793,16 +861,22 @@ class LokiPuller:
             page = self._page(self.cursor_ns, end_ns)
             if page is None:
                 break
-            fresh = [e for e in page if not (e.ns == self.cursor_ns and e.identity in self.seen_at_cursor)]
+            entries, skipped = page
+            fresh = [e for e in entries if not (e.ns == self.cursor_ns and e.identity in self.seen_at_cursor)]
             check = self._delivery.time_check(end_ns / 1e9)
             try:
-                self._delivery.publish(log_records(fresh, check))
-            except RejectedInput as exc:
-                raw = json.dumps([[str(e.ns), e.stream, e.line] for e in fresh]).encode()
-                self._delivery.deadletter(
-                    receiver=self.receiver, source=f"pull:{self.url}", key=self.query, raw=raw, error=exc
-                )
-                break
+                records = log_records(fresh, check, self._limits)
+            except RejectedInput:  # one entry the receiver refuses: find it, keep its neighbours
+                check = self._delivery.time_check(end_ns / 1e9)
+                records = []
+                for entry in fresh:
+                    try:
+                        records.extend(log_records([entry], check, self._limits))
+                    except RejectedInput as exc:
+                        skipped.add(f"{exc}: {entry.line[:80]!r}")
+                records.sort(key=lambda r: r.ts)
+            try:
+                self._delivery.publish(records)
             except Overloaded as exc:
                 log.warning("Loki query_range: not published, retried next poll: %s", exc)
                 self._delivery.metrics.throttled.labels(self.receiver).inc()
@@ -818,8 +892,12 @@ class LokiPuller:
                 total=len(fresh),
                 what="entries",
             )
+            # left out of the page: dead-lettered once, and passed like the refused ones
+            self._delivery.skipped(
+                skipped, receiver=self.receiver, source=f"pull:{self.url}", key=self.query, what="entries"
+            )
             self._advance(fresh)  # past the refused entries too: asked for again, they would be refused again
-            if len(page) < self.limit:
+            if len(entries) + skipped.count < self.limit:
                 break  # the window is drained
             if not fresh:
                 # a full page of entries already delivered: more than `limit` entries share one nanosecond,
@@ -862,8 +940,8 @@ class LokiPuller:
             self.cursor_ns, self.seen_at_cursor = newest, at_newest
         self._store.put(self._store_key, {"ns": self.cursor_ns, "seen": sorted(self.seen_at_cursor)})
 
-    def _page(self, start_ns: int, end_ns: int) -> list[LokiEntry] | None:
-        """One request ``[start_ns, end_ns)``; None when it failed (logged, maybe dead-lettered)."""
+    def _page(self, start_ns: int, end_ns: int) -> tuple[list[LokiEntry], Skipped] | None:
+        """One request ``[start_ns, end_ns)``: its entries and what it left out; None when it failed (logged)."""
         metrics = self._delivery.metrics
         what = "Loki query_range"
         params = {
@@ -880,9 +958,10 @@ class LokiPuller:
             metrics.requests.labels(self.receiver, "unreachable").inc()
             return None
         metrics.requests.labels(self.receiver, str(answer.status)).inc()
+        skipped = Skipped()
         try:
             _check_answer(answer, what, self._max_bytes)
-            return loki_entries(_json_answer(answer, what), what=what)
+            return loki_entries(_json_answer(answer, what), what=what, skipped=skipped, limits=self._limits), skipped
         except RejectedInput as exc:
             self._delivery.deadletter(
                 receiver=self.receiver, source=f"pull:{self.url}", key=self.query, raw=answer.body, error=exc
