@@ -48,6 +48,7 @@ class RunSummary(BaseModel):
     finished_at: float | None = None
     targets: Targets = Field(default_factory=Targets)
     rollback_pending: bool = Field(default=False, description="failed, and its rollback is still to do")
+    refused: bool = Field(default=False, description="failed at its precheck: it never acted")
 
 
 class KillSwitch(BaseModel):
@@ -76,11 +77,17 @@ def scope_of(playbook: str, targets: Targets) -> dict[str, str]:
 
 
 def _failures(policy: PolicySpec, state: GuardrailState, now: float) -> list[RunSummary]:
+    """The recent automatic runs that acted and failed. A run its precheck refused changed nothing (the
+    playbook found nothing to do, or the actuator cannot do it): a guardrail working, not automation
+    misbehaving, so it does not count."""
     window = policy.circuit_breaker.window_s
     return [
         r
         for r in state.runs
-        if r.automatic and r.status in FAILED and (r.finished_at or r.started_at or 0.0) >= now - window
+        if r.automatic
+        and r.status in FAILED
+        and not r.refused
+        and (r.finished_at or r.started_at or 0.0) >= now - window
     ]
 
 

@@ -596,7 +596,9 @@ class RunStore:
         since = now - GUARDRAIL_WINDOW_S
         rows = q(
             """SELECT run_id, playbook, status, automatic, targets, rollback_state = 'pending' AS rollback_pending,
-                      extract(epoch FROM started_at) AS started_at, extract(epoch FROM finished_at) AS finished_at
+                      extract(epoch FROM started_at) AS started_at, extract(epoch FROM finished_at) AS finished_at,
+                      EXISTS (SELECT 1 FROM remediation_steps s WHERE s.run_id = remediation_runs.run_id
+                              AND s.kind = 'precheck' AND s.status = 'failed') AS refused
                FROM remediation_runs
                WHERE NOT dry_run AND (status = 'running' OR rollback_state = 'pending'
                      OR started_at >= to_timestamp(%s) OR finished_at >= to_timestamp(%s))""",

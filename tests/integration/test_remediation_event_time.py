@@ -86,6 +86,19 @@ def test_the_circuit_breaker_window_is_measured_on_the_simulated_clock(store: Ru
     assert _start(store, "later", later, after)[0] == "claimed"
 
 
+def test_runs_their_precheck_refused_do_not_open_the_circuit_breaker(store: RunStore) -> None:
+    # a playbook the actuator cannot do fails its precheck every time it is proposed; it never acted
+    for i in range(POLICY.circuit_breaker.max_failures + 1):
+        targets = _run(store, f"p{i}", f"gpu-node-00{i}", T0 + i)
+        assert _start(store, f"p{i}", targets, T0 + i)[0] == "claimed"
+        _, step = store.begin_step(f"p{i}", "precheck", 0, "precheck", now=T0 + i)
+        store.finish_step(step.step_id, "failed", {"reason": "actuator simulator cannot drain_replica"}, now=T0 + i)
+        assert store.transition(f"p{i}", ["running"], "failed", now=T0 + 10 + i, finished=True)
+    assert all(r.refused for r in store.guardrail_state(T0 + 50).runs)
+    late = _run(store, "late", "gpu-node-009", T0 + 100)
+    assert _start(store, "late", late, T0 + 100)[0] == "claimed"
+
+
 def test_the_approval_ttl_runs_on_the_simulated_clock(store: RunStore) -> None:
     ttl = 3600.0
     for run_id in ("a1", "a2"):

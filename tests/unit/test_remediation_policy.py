@@ -146,6 +146,11 @@ def test_circuit_breaker_stops_automatic_runs_and_pages_after_m_failures():
     assert d.outcome == "page" and "circuit breaker" in d.reasons[0]
     old = tuple(run(f"f{i}", "failed", 7200 + i, pods=(f"x{i}",)) for i in range(3))
     assert plan_from_diagnosis(diagnosis(*RESTART), policy(), REG, state=GuardrailState(runs=old)).outcome == "execute"
+    refused = tuple(
+        run(f"f{i}", "failed", 600 + i, pods=(f"x{i}",)).model_copy(update={"refused": True}) for i in range(3)
+    )
+    d = plan_from_diagnosis(diagnosis(*RESTART), policy(), REG, state=GuardrailState(runs=refused))
+    assert d.outcome == "execute", "runs their precheck refused never acted: they do not trip the breaker"
     manual = tuple(run(f"f{i}", "failed", 60, automatic=False, pods=(f"x{i}",)) for i in range(3))
     d = plan_from_diagnosis(diagnosis(*RESTART), policy(), REG, state=GuardrailState(runs=manual))
     assert d.outcome == "execute", "approved runs failing do not trip the automatic breaker"
