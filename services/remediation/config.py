@@ -76,9 +76,17 @@ class ExecutionConfig(_Model):
 
 
 class ApprovalConfig(_Model):
-    """Approval knobs."""
+    """Approval knobs.
+
+    Attributes:
+        ttl_s: a request nobody answered expires after this long.
+        keep_ratio: a new diagnosis that proposes another remedy withdraws a pending request only when it
+            rates the request's remedy below this fraction of its top cause's confidence (or not at all):
+            two causes within noise of each other do not take a request away from the engineer reading it.
+    """
 
     ttl_s: float = Field(default=3600.0, gt=0)
+    keep_ratio: float = Field(default=0.5, ge=0, le=1)
 
 
 class XidAction(_Model):

@@ -122,7 +122,7 @@ class Executor:
             diagnosis, self.config.policy, self.playbooks, state=self.store.guardrail_state(now), now=now
         )
         if diagnosis.proposed_playbook and decision.playbook:
-            self._supersede(decision, now)
+            self._supersede(decision, diagnosis, now)
         if decision.outcome in ("execute", "await_approval", "page") and decision.playbook:
             # an incident is re-diagnosed on every update: the same remedy for the same incident and
             # target is one run, not one per update (and one approval request, one page)
@@ -150,14 +150,24 @@ class Executor:
             self.dispatcher.execute(run_id)
         return run_id, decision
 
-    def _supersede(self, decision: Decision, now: float) -> None:
+    def _supersede(self, decision: Decision, diagnosis: Diagnosis, now: float) -> None:
         """Withdraw the incident's approval requests for another remedy than the one now proposed.
 
         An incident is re-diagnosed as its alerts arrive; a request an engineer approves must still be
-        what ClusterMedic believes. The withdrawn run ends ``expired``, with the new proposal as the reason.
+        what ClusterMedic believes. A request stays while the new diagnosis still rates a cause its
+        playbook fixes at ``approvals.keep_ratio`` of its top cause or more (a near tie is noise, not a
+        change of mind). The withdrawn run ends ``expired``, with the new proposal as the reason.
         """
         assert decision.playbook is not None
+        top = diagnosis.hypotheses[0].confidence if diagnosis.hypotheses else 0.0
         for run_id in self.store.stale_approvals(decision.incident_id, decision.playbook, decision.params):
+            run = self.store.get_run(run_id)
+            rated = max(
+                (h.confidence for h in diagnosis.hypotheses if run is not None and h.playbook == run.playbook),
+                default=0.0,
+            )
+            if rated > 0 and rated >= self.config.approvals.keep_ratio * top:
+                continue
             detail = f"superseded: the diagnosis of {decision.incident_id} now proposes {decision.playbook}"
             if self.store.withdraw_approval(run_id, now) and self.store.transition(
                 run_id, ["awaiting_approval"], "expired", detail=detail, now=now, finished=True

@@ -175,3 +175,31 @@ def test_a_request_the_incident_no_longer_needs_is_withdrawn_and_cannot_be_appro
     resp = client.post(f"/remediation/runs/{first}/approve", json={"approver": "alice"})
     assert resp.status_code == 409 and dispatcher.started == [cordon]
     assert [a["action"] for a in client.get(f"/remediation/runs/{first}").json()["audit"]][-1] == "superseded"
+
+
+def test_a_near_tie_of_two_causes_leaves_the_request_to_the_engineer(setup):
+    # re-diagnosed with more alerts, the rollout's cause and another sit within noise of each other:
+    # the request stays; once the other is rated more than twice as likely, it is withdrawn
+    ex, _, clock, _ = setup
+    first = level2(ex)
+    incident = ex.store.get_run(first).incident_id
+
+    def diagnosis(other: float, mine: float) -> Diagnosis:
+        clock.now += 5
+        return Diagnosis(
+            incident_id=incident,
+            diagnostician="ranker",
+            hypotheses=(
+                Hypothesis(cause="gpu_xid_79", confidence=other, playbook="cordon_node", level=1),
+                Hypothesis(cause="gpu_xid_79_reboot", confidence=mine, playbook="reboot_node", level=2),
+            ),
+            proposed_playbook="cordon_node",
+            proposed_params={"node": "gpu-node-000"},
+            ts=clock.now,
+        )
+
+    ex.submit(diagnosis(0.30, 0.25))
+    assert ex.store.get_run(first).status == "awaiting_approval"
+    ex.submit(diagnosis(0.40, 0.15))
+    withdrawn = ex.store.get_run(first)
+    assert withdrawn.status == "expired" and withdrawn.detail.startswith("superseded:")
