@@ -62,17 +62,20 @@ class Event(BaseModel):
             raise SchemaError(f"{cls.__name__}: {_short(exc)}") from exc
         if _may_not_serialise(raw):
             # every consumer writes what it read again (Kafka, Postgres, a dead letter): refuse here what
-            # would fail there, far from where it came in
+            # would fail there, far from where it came in, or would not read back (pydantic writes a
+            # NaN, an infinity or 1e400 as null)
             try:
+                json.dumps(data, allow_nan=False)
                 event.to_bytes()
-            except ValueError as exc:  # pydantic's serialisation error is a ValueError
+            except (ValueError, RecursionError) as exc:  # pydantic's serialisation error is a ValueError
                 raise SchemaError(f"{cls.__name__}: parses but cannot be serialised again: {exc}") from exc
         return event
 
 
-# What JSON parses but cannot be written again: a lone surrogate (a \\ud800-\\udfff escape, or its bytes,
-# which json.loads decodes with "surrogatepass"), and nesting deeper than pydantic serialises (~255).
-_MAY_HOLD_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+# What JSON parses but cannot be written again: a lone surrogate (a \ud800-\udfff escape, or its bytes,
+# which json.loads decodes with "surrogatepass"), a number JSON has none for (NaN, Infinity, 1e400), and
+# nesting deeper than pydantic serialises (~255).
+_MAY_NOT_SERIALISE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]|NaN|Infinity|[eE]\+?\d{3}")
 _NESTING_CHECKED_ABOVE = 128
 
 
@@ -81,7 +84,7 @@ def _may_not_serialise(raw: bytes | str) -> bool:
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if data.count(b"[") + data.count(b"{") > _NESTING_CHECKED_ABOVE:
         return True
-    return _MAY_HOLD_SURROGATE.search(data) is not None
+    return _MAY_NOT_SERIALISE.search(data) is not None
 
 
 def _short(exc: ValidationError) -> str:

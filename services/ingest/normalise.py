@@ -728,7 +728,7 @@ def kube_event(obj: Mapping[str, Any], check: TimeCheck | None = None) -> KubeEv
     component = obj.get("reportingController") or (source.get("component") if isinstance(source, Mapping) else "")
     event_type: Literal["Normal", "Warning"] = "Warning" if obj.get("type") == "Warning" else "Normal"
     try:
-        return KubeEvent(
+        event = KubeEvent(
             reason=reason,
             type=event_type,
             involved_object=ObjectRef(
@@ -745,6 +745,13 @@ def kube_event(obj: Mapping[str, Any], check: TimeCheck | None = None) -> KubeEv
         )
     except (ValidationError, TypeError, ValueError, OverflowError) as exc:  # OverflowError: int(1e400)
         raise RejectedInput(f"event does not normalise: {exc}", reason="schema") from exc
+    try:
+        # the watcher's publisher writes it next: a lone surrogate (a \ud800 escape) fails there, and the
+        # watcher would relist and fail again forever
+        event.to_bytes()
+    except ValueError as exc:
+        raise RejectedInput(f"event holds text UTF-8 cannot carry: {exc}", reason="schema") from exc
+    return event
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
