@@ -1,8 +1,8 @@
 """Diagnosis evaluation on seeded simulator scenarios, through the real detection and correlation code.
 
 For each seed and fault type, the fault type's scenario runs in the simulator; its telemetry goes
-through :class:`evals.detect.OfflineDetect` (the detect role's own objects, no broker) and the
-correlation :class:`~pipelines.correlate.engine.Engine` with ``infra/config/routing.yaml``. The case
+through :class:`evals.detect.OfflineDetect` (the detect role's own objects, no broker) and
+:class:`evals.correlate.OfflineCorrelate` (the correlate role's) with ``infra/config/routing.yaml``. The case
 is the first incident *opened* after the fault's onset that holds an alert on the fault's entity
 (directly or through topology labels) which started after the onset; the diagnostician sees its last
 version within ``window_s`` of that event, as the live service would have diagnosed it, and its
@@ -167,8 +167,8 @@ def run_case(
     after_onset_s: float = 600.0,
 ) -> list[CaseResult]:
     """Run the fault type's scenario with this seed and diagnose the incident of each fault."""
+    from evals.correlate import OfflineCorrelate
     from evals.detect import OfflineDetect
-    from pipelines.correlate.engine import Engine
     from services.simulator.scenario import load_scenario
     from services.simulator.simulator import EPOCH, Simulator
 
@@ -184,22 +184,18 @@ def run_case(
     duration = min(spec.duration_s, max((f.onset for f in spec.faults), default=0.0) + after_onset_s)
     sim = Simulator(spec, seed=seed)
     offline = OfflineDetect(detectors)
-    engine = Engine(routing)
+    correlate = OfflineCorrelate(routing, EPOCH)
     events: list[IncidentEvent] = []
     # the Deployment changes the cluster records, starting from each deployment's ReplicaSet
     changes = ChangeLog({name: f"{name}-{dep.template_hash}" for name, dep in sim.cluster.deployments.items()})
     try:
         while sim.t < duration:
             now = sim.t
-            actions = []
             batch = sim.step()
             for item in batch:
                 if isinstance(item, KubeEvent):
                     changes.observe(item)
-            for anomaly in offline.feed(batch):
-                actions.extend(engine.ingest(anomaly, now))
-            actions.extend(engine.tick(now))
-            events.extend(a for a in actions if isinstance(a, IncidentEvent))
+            events.extend(correlate.feed(batch, offline.feed(batch), now))
         fault_list = [f for f in sim.fault_list() if f.started_at is not None]
     finally:
         sim.close()

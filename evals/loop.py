@@ -4,7 +4,7 @@ Every stage is the object the stack's role runs, fed without a broker (docs/eval
 
 * the simulator (:class:`~services.simulator.simulator.Simulator`) steps one simulated second at a time;
 * its telemetry goes through :class:`evals.detect.OfflineDetect` (the detect role's objects) and
-  the correlation :class:`~pipelines.correlate.engine.Engine` with ``infra/config/routing.yaml``;
+  :class:`evals.correlate.OfflineCorrelate` (the correlate role's objects) with ``infra/config/routing.yaml``;
 * every ``opened``/``updated`` incident is diagnosed by the offline ranker (signals, no knowledge base),
   as the diagnostician service does, and submitted to the remediation
   :class:`~services.remediation.executor.Executor` (``policy.plan_from_diagnosis``, the default
@@ -432,8 +432,8 @@ def run_episode(
         approval_delay_s: simulated seconds before the simulated human approves a level-2 run.
         duration_s: simulated seconds to run (default :func:`episode_duration`).
     """
+    from evals.correlate import OfflineCorrelate
     from evals.detect import OfflineDetect
-    from pipelines.correlate.engine import Engine
     from pipelines.detect import build_detectors
     from services.alerting.config import load_routing
     from services.diagnostician.diagnostician import RankerDiagnostician
@@ -452,7 +452,7 @@ def run_episode(
 
     sim = Simulator(spec, seed=seed)
     offline = OfflineDetect(build_detectors(settings))
-    engine = Engine(load_routing(REPO_ROOT / "infra" / "config" / "routing.yaml"))
+    correlate = OfflineCorrelate(load_routing(REPO_ROOT / "infra" / "config" / "routing.yaml"), sim.epoch)
     doctor = RankerDiagnostician(settings, index=index, use_database=False)
     doctor.change_log = ChangeLog({n: f"{n}-{d.template_hash}" for n, d in sim.cluster.deployments.items()})
     config = load_config(REPO_ROOT / "infra" / "config" / "remediation.yaml")
@@ -485,11 +485,7 @@ def run_episode(
             for item in batch:
                 if isinstance(item, KubeEvent):
                     doctor.change_log.observe(item)
-            actions: list[Any] = []
-            for anomaly in offline.feed(batch):
-                actions.extend(engine.ingest(anomaly, now))
-            actions.extend(engine.tick(now))
-            for event in (a for a in actions if isinstance(a, IncidentEvent)):
+            for event in correlate.feed(batch, offline.feed(batch), now):
                 incidents.append(event)
                 if event.kind not in ("opened", "updated"):
                     continue  # the diagnostician service's rule
@@ -506,8 +502,7 @@ def run_episode(
             dispatcher.pump()
             while sink.mitigations:
                 incident_id = sink.mitigations.pop(0)
-                if incident_id in engine.incidents:
-                    incidents.extend(a for a in engine.mitigate(incident_id, now) if isinstance(a, IncidentEvent))
+                incidents.extend(correlate.mitigate(incident_id))
         grade = sim.grade("clustermedic")
         scores = sim.grader.step_scores()
         faults = [f for f in sim.fault_list() if f.started_at is not None]
