@@ -65,7 +65,7 @@ class Event(BaseModel):
             # would fail there, far from where it came in, or would not read back (pydantic writes a
             # NaN, an infinity or 1e400 as null)
             try:
-                json.dumps(data, allow_nan=False)
+                json.dumps(event.model_dump(), allow_nan=False)  # the validated values: 1e400 is inf by now
                 event.to_bytes()
             except (ValueError, RecursionError) as exc:  # pydantic's serialisation error is a ValueError
                 raise SchemaError(f"{cls.__name__}: parses but cannot be serialised again: {exc}") from exc
@@ -73,9 +73,9 @@ class Event(BaseModel):
 
 
 # What JSON parses but cannot be written again: a lone surrogate (a \ud800-\udfff escape, or its bytes,
-# which json.loads decodes with "surrogatepass"), a number JSON has none for (NaN, Infinity, 1e400), and
-# nesting deeper than pydantic serialises (~255).
-_MAY_NOT_SERIALISE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]|NaN|Infinity|[eE]\+?\d{3}")
+# which json.loads decodes with "surrogatepass"), a number no float holds (NaN, Infinity, 1e400, 400
+# digits), and nesting deeper than pydantic serialises (~255).
+_MAY_NOT_SERIALISE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]|NaN|Infinity|[eE]\+?\d{3}|\d{300}")
 _NESTING_CHECKED_ABOVE = 128
 
 
