@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 DISRUPTION: dict[str, float] = {
     "restart_pod": 1.0,
     "delete_pod": 1.0,
+    "drain_replica": 0.3,
+    "restore_replica": 0.0,
     "drain_node": 4.0,
     "resume_node": 0.0,
     "cordon_node": 0.3,
@@ -159,6 +161,57 @@ class Actuators:
         return self._result(
             "delete_pod", pod_name, True, f"replaced by {new.name if new else 'nothing'}", pod.variant.load_time_s()
         )
+
+    def drain_replica(self, pod_name: str) -> ActionResult:
+        """Take the replica out of the router's rotation: no new requests; what it holds finishes.
+
+        The pod stays Ready (as when a load balancer stops sending to an endpoint), so a restart and a
+        readiness check work as usual, and it stays drained through a restart in place until
+        :meth:`restore_replica`. Refused when no other replica of its deployment is in rotation (the
+        router would have nowhere to send the deployment's requests). Draining a drained replica is
+        accepted and changes nothing.
+        """
+        c = self.sim.cluster
+        pod = c.pod_by_name.get(pod_name)
+        if pod is None or pod.node < 0:
+            return self._result("drain_replica", pod_name, False, "pod not found or not scheduled")
+        held = float(self.sim.serving.wait_n[pod.slot] + self.sim.serving.run_n[pod.slot])
+        if pod.drained:
+            return self._result("drain_replica", pod_name, True, "already drained", in_flight=round(held, 1))
+        peers = [p for p in c.pods_of(pod.deployment) if p is not pod and c.in_rotation(p)]
+        if not peers:
+            return self._result(
+                "drain_replica",
+                pod_name,
+                False,
+                f"the last replica of {pod.deployment} in rotation: no other replica would take its requests",
+            )
+        pod.drained = True
+        c.version += 1
+        return self._result(
+            "drain_replica",
+            pod_name,
+            True,
+            f"out of rotation; {held:.0f} requests in flight finish, {len(peers)} replicas take new ones",
+            in_flight=round(held, 1),
+        )
+
+    def restore_replica(self, pod_name: str) -> ActionResult:
+        """Put a drained replica back into the router's rotation (it gets requests again once Ready).
+
+        Restoring a replica that is not drained is accepted and changes nothing, so a rollback may
+        always restore.
+        """
+        c = self.sim.cluster
+        pod = c.pod_by_name.get(pod_name)
+        if pod is None:
+            return self._result("restore_replica", pod_name, False, "pod not found")
+        if not pod.drained:
+            return self._result("restore_replica", pod_name, True, "not drained")
+        pod.drained = False
+        c.version += 1
+        msg = "back in rotation" if pod.ready else f"back in rotation once Ready (now {pod.phase})"
+        return self._result("restore_replica", pod_name, True, msg)
 
     # ----------------------------------------------------------------------------- nodes
 

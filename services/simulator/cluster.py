@@ -100,6 +100,10 @@ class Pod:
     ``Pending`` (not scheduled), ``Loading`` (container started, model loading, not Ready),
     ``Running`` (Ready, serving), ``Crashed`` (container exited, waiting out CrashLoopBackOff),
     ``Terminated`` (deleted; the slot is free).
+
+    ``drained``: taken out of the router's rotation (``drain_replica``): it gets no new requests but
+    finishes those it holds, and stays Ready. It is the pod's, like a label, so it outlives a restart
+    in place and ends with the pod (a replacement starts in rotation).
     """
 
     slot: int
@@ -116,6 +120,7 @@ class Pod:
     backoff_s: float = CRASH_BACKOFF_START_S
     engine_dead: bool = False
     hung: bool = False  # a collective never returns (NCCL): Ready, but no progress
+    drained: bool = False
     uid: str = ""
 
     @property
@@ -358,6 +363,10 @@ class Cluster:
     def pods_of(self, deployment: str) -> list[Pod]:
         """The deployment's pods, in slot order (deterministic)."""
         return [self.pods[s] for s in sorted(self.pods) if self.pods[s].deployment == deployment]
+
+    def in_rotation(self, pod: Pod) -> bool:
+        """Whether the router sends the pod new requests: Ready, on a Ready node, not drained."""
+        return pod.ready and not pod.drained and self.nodes[pod.node].ready
 
     def pods_on_node(self, node: int) -> list[Pod]:
         """Pods bound to node ``node``, in slot order."""

@@ -290,7 +290,8 @@ class Serving:
                 dep.max_num_seqs if pod.revision == dep.revision else self.max_seqs[slot] or dep.max_num_seqs
             )
             self.lat_factor[slot] = dep.latency_factor if pod.revision == dep.revision else 1.0
-            if pod.ready and c.nodes[pod.node].ready:
+            # a drained replica leaves the rotation but keeps serving what it holds (serving below)
+            if c.in_rotation(pod):
                 self.routable[slot] = True
                 slots[dep_pos[pod.deployment]].append(slot)
                 if pod.engine_dead:
@@ -326,7 +327,7 @@ class Serving:
     # ----------------------------------------------------------------------------- routing
 
     def route(self, arrivals: ClassArrivals, stats: StepStats) -> None:
-        """Split the step's arrivals over deployments (router weights) and their Ready pods.
+        """Split the step's arrivals over deployments (router weights) and their pods in rotation.
 
         Counts are summed per slot in Python floats (the same additions, in the same order, as
         adding each deployment's draw to the arrays) and written to ``arr_n``/``arr_p``/``arr_o`` once.

@@ -287,10 +287,14 @@ class Simulator:
             slots = np.array([p.slot for p in pods], dtype=np.int64)
             run = [p for p in pods if p.phase == "Running"]
             rs = np.array([p.slot for p in run], dtype=np.int64)
+            # a drained replica's last TTFT is stale: it admits nothing new
+            fresh = np.array([p.slot for p in run if not p.drained], dtype=np.int64)
             deps[name] = {
                 "variant": dep.variant.key,
                 "replicas": dep.replicas,
                 "ready": len(run),
+                "in_rotation": sum(1 for p in run if c.in_rotation(p)),
+                "drained": sum(1 for p in pods if p.drained),
                 "pending": sum(1 for p in pods if p.phase == "Pending"),
                 "loading": sum(1 for p in pods if p.phase == "Loading"),
                 "crashed": sum(1 for p in pods if p.phase == "Crashed"),
@@ -302,7 +306,7 @@ class Simulator:
                 "kv_usage": float(s.kv_usage[rs].mean()) if rs.size else 0.0,
                 "waiting": float(s.wait_n[slots].sum()) if slots.size else 0.0,
                 "running": float(s.run_n[slots].sum()) if slots.size else 0.0,
-                "ttft_s": float(s.ttft_ema[rs].mean()) if rs.size else 0.0,
+                "ttft_s": float(s.ttft_ema[fresh].mean()) if fresh.size else 0.0,
                 "revision": dep.revision,
             }
         pods_view = {
@@ -312,6 +316,8 @@ class Simulator:
                 "node": c.nodes[p.node].name if p.node >= 0 else "",
                 "gpus": [c.gpu_uuids[i] for i in p.gpus],
                 "restarts": p.restarts,
+                "drained": p.drained,
+                "in_rotation": c.in_rotation(p),
                 "kv_usage": float(s.kv_usage[p.slot]),
                 "waiting": float(s.wait_n[p.slot]),
                 "errors_fast": bool(s.fail_fast[p.slot]),
