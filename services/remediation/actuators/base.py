@@ -7,8 +7,10 @@ prechecks are written once, here, for every actuator:
 =============  ==========================================================================
 kind           keys of the dict ``describe`` returns (None: the object does not exist)
 =============  ==========================================================================
-deployment     replicas, ready, max_num_seqs (int or None), variant (str or None), revision
-pod            phase ("Running", "Pending"...), node, deployment, ready (bool)
+deployment     replicas, ready, max_num_seqs (int or None), variant (str or None), revision,
+               in_rotation (replicas the load balancer sends requests to)
+pod            phase ("Running", "Pending"...), node, deployment, ready (bool), in_rotation (bool:
+               the load balancer sends it requests; False when not ready or drained)
 node           ready, schedulable, rebooting, pods (workload pods on it), unhealthy_gpus,
                failed_gpu_pods (see below)
 gpu            node, healthy, xid

@@ -252,6 +252,8 @@ class KubernetesActuator(Actuator):
                     "max_num_seqs": int(seqs) if seqs else None,
                     "variant": ann.get(VARIANT),
                     "revision": ann.get(REVISION),
+                    # this actuator drains no replica: every Ready pod, old revision or new, is an endpoint
+                    "in_rotation": int(st.ready_replicas or 0) if st else 0,
                 }
             if kind == "pod":
                 pod: Any = self.core.read_namespaced_pod(name, ns)
@@ -260,6 +262,7 @@ class KubernetesActuator(Actuator):
                     "node": pod.spec.node_name or "",
                     "deployment": _deployment_of(pod),
                     "ready": _pod_ready(pod),
+                    "in_rotation": _pod_ready(pod),
                 }
             if kind == "node":
                 node: Any = self.core.read_node(name)

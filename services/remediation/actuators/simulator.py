@@ -2,12 +2,12 @@
 
 ``GET /state`` gives the operator's view the checks read; ``POST /actions/{kind}`` acts (409 when the
 simulator refuses). World time is the simulator's simulated time, so step timeouts are simulated
-seconds.
+seconds. ``drain_replica`` / ``restore_replica`` take a replica out of the simulator's router and put
+it back (the pod stays Ready; the views' ``in_rotation`` says whether the router sends it requests).
 
 Workarounds for what the simulator API does not offer (listed in docs/remediation.md):
     * no rollout restart: ``rollout_restart`` sets ``max_num_seqs`` to its current value, which rolls
       every replica like ``kubectl rollout restart``;
-    * no per-replica routing: ``drain_replica`` / ``restore_replica`` are unsupported;
     * ``/state`` omits idle healthy GPUs: a GPU seen before and absent now is reported healthy on the
       node it was seen on.
 """
@@ -26,6 +26,8 @@ from services.remediation.model import ActionOutcome, ActionSpec
 _SIM_ACTION: dict[str, str] = {
     "restart_pod": "restart_pod",
     "delete_pod": "delete_pod",
+    "drain_replica": "drain_replica",
+    "restore_replica": "restore_replica",
     "scale": "scale",
     "set_max_num_seqs": "set_max_num_seqs",
     "switch_variant": "switch_variant",
@@ -139,6 +141,7 @@ class SimulatorActuator(Actuator):
                 "max_num_seqs": d.get("max_num_seqs"),
                 "variant": d.get("variant"),
                 "revision": d.get("revision"),
+                "in_rotation": int(d["in_rotation"]),
             }
         if kind == "pod":
             p = state["pods"].get(name)
@@ -149,6 +152,7 @@ class SimulatorActuator(Actuator):
                 "node": p["node"],
                 "deployment": p["deployment"],
                 "ready": p["phase"] == "Running",
+                "in_rotation": bool(p["in_rotation"]),
             }
         if kind == "node":
             n = state["nodes"].get(name)

@@ -26,6 +26,8 @@ class DrainReplicaPlaybook(Playbook):
     Use for one replica with high latency or errors while its peers are healthy. The replica leaves
     the Service endpoints (no new requests), waits ``grace_s`` for in-flight requests, is restarted
     when ``restart`` is set, and rejoins once running. Rollback puts it back into load balancing.
+    Refused when no other replica of its Deployment is in load balancing: its requests would have
+    nowhere to go.
     """
 
     name = "drain_replica"
@@ -42,7 +44,22 @@ class DrainReplicaPlaybook(Playbook):
         pod = actuator.describe("pod", params.pod, params.namespace)
         if pod is None:
             return PrecheckResult(ok=False, reason=f"pod {params.pod} not found")
-        return PrecheckResult(ok=True, observed={"deployment": pod.get("deployment", "")})
+        deployment = str(pod.get("deployment", ""))
+        if not deployment:
+            return PrecheckResult(
+                ok=False, reason=f"pod {params.pod} has no Deployment: no peer would take its requests"
+            )
+        dep = actuator.describe("deployment", deployment, params.namespace)
+        if dep is None or "in_rotation" not in dep:
+            return PrecheckResult(ok=False, reason=f"cannot tell which replicas of {deployment} are in load balancing")
+        peers = int(dep["in_rotation"]) - (1 if pod.get("in_rotation") else 0)
+        if peers < 1:
+            return PrecheckResult(
+                ok=False,
+                reason=f"pod {params.pod} is the last replica of {deployment} in load balancing: "
+                "draining it would leave its requests nowhere to go",
+            )
+        return PrecheckResult(ok=True, observed={"deployment": deployment, "peers_in_rotation": peers})
 
     def steps(self, params: Any, observed: dict[str, Any]) -> list[Step]:
         ns, pod = params.namespace, params.pod
