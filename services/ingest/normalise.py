@@ -34,7 +34,16 @@ import cramjam
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.core.events import Anomaly, KubeEvent, LogRecord, MetricBatch, ObjectRef, Provenance, Severity
+from services.core.events import (
+    Anomaly,
+    KubeEvent,
+    LogRecord,
+    MetricBatch,
+    ObjectRef,
+    Provenance,
+    Sample,
+    Severity,
+)
 from services.core.fingerprint import fingerprint as hash_parts
 from services.core.fingerprint import label_fingerprint
 from services.core.settings import Settings
@@ -301,9 +310,37 @@ def metric_batches(
     batches = []
     for entity, samples_ in by_entity.items():
         for start in range(0, len(samples_), max_samples):
-            chunk = samples_[start : start + max_samples]
-            batches.append(MetricBatch.model_validate({"entity": entity, "source": source, "samples": chunk}))
+            batch, refused = _metric_batch(entity, source, samples_[start : start + max_samples])
+            dropped += refused
+            if batch is not None:
+                batches.append(batch)
     return batches, dropped
+
+
+def _metric_batch(entity: str, source: str, samples: list[dict[str, Any]]) -> tuple[MetricBatch | None, int]:
+    """One batch of ``samples``, leaving out (and counting) those the contract refuses.
+
+    A name or label holding a lone surrogate (a ``\\ud800`` escape in a pulled JSON answer) is not a
+    valid string to pydantic: one such sample must not fail its batch, its scrape or its pull page.
+    """
+    try:
+        return MetricBatch.model_validate({"entity": entity, "source": source, "samples": samples}), 0
+    except ValidationError:
+        pass
+    kept = [sample for sample in samples if _valid_sample(sample)]
+    try:
+        batch = MetricBatch.model_validate({"entity": entity, "source": source, "samples": kept}) if kept else None
+    except ValidationError:  # the entity itself is refused
+        return None, len(samples)
+    return batch, len(samples) - len(kept)
+
+
+def _valid_sample(sample: dict[str, Any]) -> bool:
+    try:
+        Sample.model_validate(sample)
+    except ValidationError:
+        return False
+    return True
 
 
 def remote_write(
