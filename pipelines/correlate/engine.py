@@ -684,6 +684,8 @@ class Engine:
                 # With topology off, only alerts about the very same entity share an incident. Two
                 # neighbours (GPUs or pods on one node, not on one chain) share one only while it is
                 # young: a node-wide cause hits its tenants together, not a quarter of an hour apart.
+                # So do replicas of two revisions of one model: a rollout a quarter of an hour into
+                # a burst that saturated the old revision's replica is a new fault.
                 if theirs == mine or (topo.enabled and self.topology.related(mine, theirs, neighbours=young)):
                     return inc
         return None

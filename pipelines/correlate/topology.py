@@ -108,6 +108,12 @@ def anchor(labels: Mapping[str, str], entity: str, entity_kind: str) -> tuple[st
     return level, frozenset(found[level])
 
 
+def _revisions(pods: Iterable[str]) -> set[str]:
+    """The revision of each pod token: its name without the last ``-`` part (a Deployment's pod is
+    ``<deployment>-<ReplicaSet hash>-<suffix>``; a StatefulSet's ``<name>-<ordinal>`` gives its name)."""
+    return {pod.rpartition("-")[0] or pod for pod in pods}
+
+
 class Topology:
     """Facts learned from label sets, and the relation they define between anchors.
 
@@ -335,9 +341,13 @@ class Topology:
         """Whether two anchors belong to one failure domain.
 
         True when they lie on one GPU -> node -> pod -> model chain; when both are GPUs or pods on
-        the same node (one node is one failure domain: *neighbours*, left out when ``neighbours`` is
-        False); or when both are pods serving the same model or deployment (a bad rollout crashes
-        every replica). Anchors at the ``other`` level relate only to the very same entity.
+        the same node (one node is one failure domain: *neighbours*); or when both are pods serving
+        the same model or deployment (*siblings*: a bad config crashes every replica). Neighbours share
+        a cause only when they fail together, so they are left out when ``neighbours`` is False (the
+        engine passes it for young incidents only); so are siblings of different revisions (pod names
+        ``<deployment>-<ReplicaSet hash>-<suffix>``): a new revision's pods are a change, and their
+        failure a new fault, not the old one's. Anchors at the ``other`` level relate only to the
+        very same entity.
         """
         if a == b:
             return True
@@ -347,7 +357,9 @@ class Topology:
             return True
         if neighbours and {a[0], b[0]} <= {"gpu", "pod"} and self._nodes_of(a[0], a[1]) & self._nodes_of(b[0], b[1]):
             return True
-        return a[0] == b[0] == "pod" and bool(self._models_of(set(a[1])) & self._models_of(set(b[1])))
+        if a[0] == b[0] == "pod" and self._models_of(set(a[1])) & self._models_of(set(b[1])):
+            return neighbours or bool(_revisions(a[1]) & _revisions(b[1]))
+        return False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form."""

@@ -241,6 +241,24 @@ def test_another_deployment_on_the_same_node_joins_only_while_the_incident_is_yo
     assert same.kind == "updated"
 
 
+def test_a_new_revisions_replicas_join_a_sibling_of_the_old_revision_only_while_the_incident_is_young():
+    # a burst saturated a replica of llama-70b (revision 7d9f); a quarter of an hour later a rollout's
+    # new revision (5c8b) regresses: a change, and a new fault, not the burst's
+    def burst() -> Engine:
+        eng = engine(resolve="1h")
+        eng.ingest(anomaly("kv_cache_saturation", POD, "pod", 0, labels={"pod": POD, "app": "vllm-llama"}), 0)
+        return eng
+
+    def new_revision(ts: float) -> Anomaly:
+        pod = POD.replace("-7d9f-", "-5c8b-")
+        return anomaly("revision_regression", pod, "pod", ts, labels={"pod": pod, "app": "vllm-llama"})
+
+    (late,) = incident_events(burst().ingest(new_revision(900), 900))
+    assert late.kind == "opened"
+    (early,) = incident_events(burst().ingest(new_revision(60), 60))
+    assert early.kind == "updated"
+
+
 # --------------------------------------------------------------------------------- lifecycle
 
 
