@@ -123,9 +123,10 @@ class Executor:
         )
         if diagnosis.proposed_playbook and decision.playbook:
             self._supersede(decision, diagnosis, now)
-        if decision.outcome in ("execute", "await_approval", "page") and decision.playbook:
+        if decision.outcome != "dropped" and decision.playbook:
             # an incident is re-diagnosed on every update: the same remedy for the same incident and
-            # target is one run, not one per update (and one approval request, one page)
+            # target is one run, not one per update (and one approval request, one page); also when a
+            # guardrail would block a new one, as the cooldown the run in hand itself started does
             earlier = self.store.handling_run(decision.incident_id, decision.playbook, decision.params)
             if earlier is not None:
                 return earlier, decision

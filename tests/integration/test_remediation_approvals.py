@@ -203,3 +203,28 @@ def test_a_near_tie_of_two_causes_leaves_the_request_to_the_engineer(setup):
     ex.submit(diagnosis(0.40, 0.15))
     withdrawn = ex.store.get_run(first)
     assert withdrawn.status == "expired" and withdrawn.detail.startswith("superseded:")
+
+
+def test_a_re_diagnosis_proposing_the_remedy_in_hand_returns_that_run_even_within_its_cooldown(setup):
+    # the cordon the first diagnosis started puts its node in cooldown; the incident's next
+    # announcements propose the same cordon: they are that run, not one blocked run each
+    ex, dispatcher, clock, _ = setup
+
+    def cordon() -> Diagnosis:
+        clock.now += 30
+        return Diagnosis(
+            incident_id="inc-gpu-lost",
+            diagnostician="ranker",
+            hypotheses=(Hypothesis(cause="gpu_xid_79", confidence=0.7, playbook="cordon_node", level=1),),
+            proposed_playbook="cordon_node",
+            proposed_params={"node": "gpu-node-000"},
+            level=1,
+            ts=clock.now,
+        )
+
+    first, decision = ex.submit(cordon())
+    assert decision.outcome == "execute" and dispatcher.started == [first]
+    assert ex.store.transition(first, ["proposed"], "running", now=clock.now, started=True)
+    again, decision = ex.submit(cordon())
+    assert decision.outcome == "blocked" and "cooldown" in decision.reasons[0]
+    assert again == first and [r.run_id for r in ex.store.list_runs()] == [first]
