@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from services.remediation.actuators.base import Actuator
-from services.remediation.model import ActionSpec, Step, VerifySpec
+from services.remediation.model import ActionSpec, Step, Targets, VerifySpec
 from services.remediation.playbook import PlaybookParams
 
 
@@ -28,6 +28,15 @@ class NodeParams(PlaybookParams):
         if not self.node and not self.gpu:
             raise ValueError("give node or gpu")
         return self
+
+
+def node_targets(params: Any) -> Targets:
+    """What a playbook acting on a node (named directly or through its GPU) touches, for the guardrails."""
+    return Targets(
+        namespace=params.namespace,
+        nodes=(params.node,) if params.node else (),
+        gpus=(params.gpu,) if params.gpu else (),
+    )
 
 
 def resolve_node(params: Any, actuator: Actuator) -> tuple[str, str]:

@@ -7,7 +7,14 @@ from typing import Any
 from services.remediation.actuators.base import Actuator
 from services.remediation.model import PrecheckResult, Step, Targets
 from services.remediation.playbook import Playbook, require
-from services.remediation.playbooks._node import NodeParams, cordon, observe_node, resolve_node, restore_schedulable
+from services.remediation.playbooks._node import (
+    NodeParams,
+    cordon,
+    node_targets,
+    observe_node,
+    resolve_node,
+    restore_schedulable,
+)
 
 
 class CordonNodePlaybook(Playbook):
@@ -22,7 +29,7 @@ class CordonNodePlaybook(Playbook):
     Params = NodeParams
 
     def targets(self, params: Any) -> Targets:
-        return Targets(namespace=params.namespace, nodes=(params.node,) if params.node else (), gpus=_gpus(params))
+        return node_targets(params)
 
     def precheck(self, params: Any, actuator: Actuator) -> PrecheckResult:
         if reason := require(actuator, "cordon_node", "uncordon_node"):
@@ -37,7 +44,3 @@ class CordonNodePlaybook(Playbook):
 
     def rollback(self, params: Any, observed: dict[str, Any]) -> list[Step]:
         return restore_schedulable(observed)
-
-
-def _gpus(params: Any) -> tuple[str, ...]:
-    return (params.gpu,) if params.gpu else ()

@@ -9,7 +9,14 @@ from pydantic import Field
 from services.remediation.actuators.base import Actuator
 from services.remediation.model import ActionSpec, PrecheckResult, Step, Targets, VerifySpec
 from services.remediation.playbook import Playbook, require
-from services.remediation.playbooks._node import NodeParams, cordon, observe_node, resolve_node, restore_schedulable
+from services.remediation.playbooks._node import (
+    NodeParams,
+    cordon,
+    node_targets,
+    observe_node,
+    resolve_node,
+    restore_schedulable,
+)
 
 MAX_PODS = 8
 """Most pods one run deletes (a GPU node has 8 GPUs); more failed pods than that are drain_node's work."""
@@ -41,11 +48,7 @@ class EvictGpuPodsPlaybook(Playbook):
     Params = EvictGpuPodsParams
 
     def targets(self, params: Any) -> Targets:
-        return Targets(
-            namespace=params.namespace,
-            nodes=(params.node,) if params.node else (),
-            gpus=(params.gpu,) if params.gpu else (),
-        )
+        return node_targets(params)
 
     def precheck(self, params: Any, actuator: Actuator) -> PrecheckResult:
         if reason := require(actuator, "cordon_node", "uncordon_node", "delete_pod"):

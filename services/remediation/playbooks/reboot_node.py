@@ -13,6 +13,7 @@ from services.remediation.playbooks._node import (
     NodeParams,
     cordon,
     drain,
+    node_targets,
     resolve_node,
     restore_schedulable,
     uncordon,
@@ -40,11 +41,7 @@ class RebootNodePlaybook(Playbook):
     Params = RebootNodeParams
 
     def targets(self, params: Any) -> Targets:
-        return Targets(
-            namespace=params.namespace,
-            nodes=(params.node,) if params.node else (),
-            gpus=(params.gpu,) if params.gpu else (),
-        )
+        return node_targets(params)
 
     def precheck(self, params: Any, actuator: Actuator) -> PrecheckResult:
         if reason := require(actuator, "cordon_node", "drain_node", "reboot_node", "uncordon_node"):
