@@ -3,6 +3,7 @@ import asyncio
 from pipelines.detect import DetectorSet, EntityDetection
 from pipelines.detectors.rules_xid import XidDetector
 from services.core.events import MetricBatch, Sample
+from tests.made_up_xids import REBOOT_CODE, made_up_xid_catalog
 
 
 def _batch(ts: float, xid: float) -> MetricBatch:
@@ -16,37 +17,41 @@ def _batch(ts: float, xid: float) -> MetricBatch:
     )
 
 
+def _xid_rules() -> DetectorSet:
+    return DetectorSet.of([XidDetector(made_up_xid_catalog())])
+
+
 def test_state_is_saved_every_few_scrapes_and_whenever_an_anomaly_fires() -> None:
-    entity = EntityDetection(DetectorSet.of([XidDetector()]), checkpoint_every=3)
+    entity = EntityDetection(_xid_rules(), checkpoint_every=3)
     saved = [entity.on_batch(_batch(t * 15.0, 0), None)[0] is not None for t in range(6)]
     assert saved == [False, False, True, False, False, True]
-    snapshot, _, anomalies = entity.on_batch(_batch(90.0, 79), None)
+    snapshot, _, anomalies = entity.on_batch(_batch(90.0, REBOOT_CODE), None)
     assert anomalies and snapshot is not None
 
 
 def test_a_restarted_worker_resumes_from_the_saved_state_without_firing_again() -> None:
-    first = EntityDetection(DetectorSet.of([XidDetector()]), checkpoint_every=1)
+    first = EntityDetection(_xid_rules(), checkpoint_every=1)
     first.on_batch(_batch(0, 0), None)
-    snapshot, _, anomalies = first.on_batch(_batch(15, 79), None)
+    snapshot, _, anomalies = first.on_batch(_batch(15, REBOOT_CODE), None)
     assert len(anomalies) == 1 and snapshot is not None
-    restarted = EntityDetection(DetectorSet.of([XidDetector()]), checkpoint_every=1)
-    _, _, again = restarted.on_batch(_batch(30, 79), snapshot)
+    restarted = EntityDetection(_xid_rules(), checkpoint_every=1)
+    _, _, again = restarted.on_batch(_batch(30, REBOOT_CODE), snapshot)
     assert again == [], "the same XID, still set, must not page twice after a restart"
 
 
 def test_a_worker_catching_up_saves_an_entity_at_most_once_per_checkpoint_interval() -> None:
-    entity = EntityDetection(DetectorSet.of([XidDetector()]), checkpoint_every=2, checkpoint_min_s=1.0)
+    entity = EntityDetection(_xid_rules(), checkpoint_every=2, checkpoint_min_s=1.0)
     # a backlog: eight scrapes of one GPU handled within half a second, then one more a second later
     saved = [entity.on_batch(_batch(t * 15.0, 0), None, now=100.0 + t * 0.05)[0] is not None for t in range(8)]
     assert saved == [False, True, False, False, False, False, False, False]
     assert entity.on_batch(_batch(120.0, 0), None, now=101.5)[0] is not None
     # an anomaly is saved at once, however recent the last save
-    snapshot, _, anomalies = entity.on_batch(_batch(135.0, 79), None, now=101.6)
+    snapshot, _, anomalies = entity.on_batch(_batch(135.0, REBOOT_CODE), None, now=101.6)
     assert anomalies and snapshot is not None
 
 
 def test_scrapes_at_their_usual_interval_keep_the_every_few_scrapes_rhythm() -> None:
-    entity = EntityDetection(DetectorSet.of([XidDetector()]), checkpoint_every=3, checkpoint_min_s=1.0)
+    entity = EntityDetection(_xid_rules(), checkpoint_every=3, checkpoint_min_s=1.0)
     saved = [entity.on_batch(_batch(t * 15.0, 0), None, now=t * 15.0)[0] is not None for t in range(6)]
     assert saved == [False, False, True, False, False, True]
 

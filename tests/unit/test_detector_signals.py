@@ -1,7 +1,7 @@
 """Detector signals: each detector declares what it emits, and the signal catalog is derived from that.
 
-That a detector emits nothing it does not declare is checked on every detector call of the unit tier
-(tests/unit/conftest.py); that runbooks name only declared signals, in tests/unit/test_runbooks.py.
+That a detector emits nothing it does not declare is checked on every detector call of the unit and data
+tiers (tests/detector_guard.py); that runbooks name only declared signals, in tests/unit/test_runbooks.py.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from pipelines.detectors.rules_xid import XidDetector
 from services.alerting.config import loads_routing
 from services.core.events import AlertRef, Anomaly, IncidentEvent, MetricBatch, Provenance, Sample
 from services.ingest.normalise import alertmanager_webhook
+from tests.made_up_xids import made_up_xid_catalog
 
 GPU = "GPU-5d4c3b2a-0000-1111-2222-333344445555"
 NODE = "gpu-node-3"
@@ -63,7 +64,7 @@ def test_dcgm_and_nvml_metrics_are_trusted_gpu_sources_other_metrics_are_not() -
 
 
 def test_the_detect_role_stamps_a_dcgm_xid_as_trusted() -> None:
-    detection = EntityDetection(DetectorSet.of([XidDetector()]))
+    detection = EntityDetection(DetectorSet.of([XidDetector(made_up_xid_catalog())]))
     detection.on_batch(dcgm_batch(0, 1.0), None)
     _, _, anomalies = detection.on_batch(dcgm_batch(79, 16.0, source="simulator"), None)
     assert [(a.signal, a.provenance.source, a.provenance.stream) for a in anomalies] == [
