@@ -18,11 +18,14 @@ def _normal_rows(n: int, seed: int = 0) -> np.ndarray:
     return np.column_stack([util, np.full(n, 0.6), rng.normal(60, 2, n), 300 + util, np.full(n, 1980.0)])
 
 
+# A trained forest imports pyod (3 to 4 s on 2 cores) and fits 2000 rows: the tests that score with one are
+# `slow` (make test runs them, make test-unit does not); the fallback's run in the unit tier.
 @pytest.fixture(scope="module")
 def model() -> iforest.TrainedIForest:
     return iforest.train("gpu", _normal_rows(2000), contamination=0.01)
 
 
+@pytest.mark.slow
 def test_a_hot_gpu_is_an_outlier_after_persistence_and_fires_once(model):
     detector = IsolationForestDetector({"gpu": model}, episodes=EpisodePolicy(warmup=0, persistence=2))
     state = detector.initial_state()
@@ -34,6 +37,7 @@ def test_a_hot_gpu_is_an_outlier_after_persistence_and_fires_once(model):
     assert fired == [0, 0, 0, 1, 0, 0]
 
 
+@pytest.mark.slow
 def test_normal_scrapes_rarely_fire(model):
     detector = IsolationForestDetector({"gpu": model})
     state = detector.initial_state()
@@ -46,6 +50,7 @@ def test_normal_scrapes_rarely_fire(model):
     assert total <= 1
 
 
+@pytest.mark.slow
 def test_evidence_names_the_feature_that_moved(model):
     detector = IsolationForestDetector({"gpu": model}, episodes=EpisodePolicy(warmup=0, persistence=1))
     _, anomalies = detector.detect([_vector("GPU-1", 0, 70, 99)], detector.initial_state())
@@ -65,6 +70,7 @@ def test_fallback_without_model_catches_a_gross_outlier_after_warmup():
     assert len(anomalies) == 1 and anomalies[0].evidence["model"] == "robust_fallback"
 
 
+@pytest.mark.slow
 def test_state_and_model_serialise(model):
     detector = IsolationForestDetector({"gpu": model})
     state, _ = detector.detect([_vector("GPU-1", 0, 70, 60)], detector.initial_state())
@@ -138,6 +144,7 @@ def test_the_same_latency_at_the_usual_load_is_still_an_outlier():
     assert len(anomalies) == 1
 
 
+@pytest.mark.slow
 def test_a_gpu_going_idle_explains_its_lower_clocks_and_power(model):
     detector = IsolationForestDetector({"gpu": model}, episodes=EpisodePolicy(warmup=0, persistence=1))
     state = detector.initial_state()

@@ -5,6 +5,10 @@ from pipelines.detectors import lstm
 from pipelines.detectors.lstm import LstmDetector, LstmState
 from pipelines.features import GPU_FEATURES, FeatureVector
 
+# Every test here scores with an LSTM trained on torch for the module (7 to 13 s on 2 cores): `make test` runs
+# them, `make test-unit` does not.
+pytestmark = pytest.mark.slow
+
 
 def _series(n: int, seed: int, leak_from: int | None = None) -> np.ndarray:
     rng = np.random.default_rng(seed)

@@ -47,6 +47,7 @@ def test_each_plugin_is_one_module_and_one_entry_point_line() -> None:
     assert "tests/unit/plugins" in doc and "clustermedic.detectors" in doc
 
 
+@pytest.mark.slow  # a fresh Python process that imports the whole project: about 7 s
 def test_an_installed_plugin_package_is_picked_up_by_every_registry_and_catalog(tmp_path: Path) -> None:
     shutil.copytree(REPO_ROOT / "knowledge" / "runbooks", tmp_path / "runbooks")
     shutil.copy(RUNBOOK, tmp_path / "runbooks" / "gpu")

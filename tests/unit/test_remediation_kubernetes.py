@@ -164,7 +164,8 @@ def kube() -> Iterator[tuple[FakeKube, KubernetesActuator]]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for serve_forever's next poll: 0.5 s by default, for every test
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     config = ActuatorConfig(
         kind="kubernetes",
         url=f"http://127.0.0.1:{server.server_address[1]}",
@@ -174,6 +175,7 @@ def kube() -> Iterator[tuple[FakeKube, KubernetesActuator]]:
     yield fake, actuator
     actuator.close()
     server.shutdown()
+    server.server_close()
 
 
 def test_delete_pod_rollout_restart_and_scale(kube):
