@@ -1,81 +1,20 @@
-"""Each fault type shows its causal symptoms in the right signals."""
+"""Each fault type shows its causal symptoms in the right signals.
+
+The faults that raise an XID (xid, ecc's double-bit error, nvlink_error's XID 74) take its message and
+effect from NVIDIA's catalog in ../shared/data: they are the data tier's (tests/data/test_sim_xid_faults.py).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
-from services.core.events import Event, KubeEvent, LogRecord, MetricBatch
-from services.simulator.faults import catalog_available
 from services.simulator.scenario import load_scenario
 from services.simulator.simulator import Simulator
-from services.simulator.sinks import MemorySink
-
-
-def _run(name: str, seconds: float = 720.0) -> tuple[Simulator, list[Event]]:
-    sink = MemorySink()
-    sim = Simulator(load_scenario(name), seed=3, sinks=[sink])
-    sim.run(seconds)
-    return sim, sink.events
-
-
-def _values(events: list[Event], metric: str, entity: str | None = None) -> list[float]:
-    return [
-        s.value
-        for e in events
-        if isinstance(e, MetricBatch) and (entity is None or e.entity == entity)
-        for s in e.samples
-        if s.name == metric
-    ]
-
-
-def _logs(events: list[Event], needle: str) -> list[LogRecord]:
-    return [e for e in events if isinstance(e, LogRecord) and needle in e.line]
-
-
-def _kube(events: list[Event], reason: str) -> list[KubeEvent]:
-    return [e for e in events if isinstance(e, KubeEvent) and e.reason == reason]
-
-
-def _needs_catalog() -> None:
-    if not catalog_available():
-        pytest.fail("shared data absent: the NVIDIA XID catalog (shared_data_dir()/xid/nvidia_xid_catalog.csv)")
-
-
-def test_xid79_gpu_falls_off_the_bus() -> None:
-    _needs_catalog()
-    sim, ev = _run("xid79")
-    fault = sim.fault_list()[0]
-    uuid = fault.entity
-    assert 79 in _values(ev, "DCGM_FI_DEV_XID_ERRORS", uuid)
-    lines = _logs(ev, ": 79, pid=")
-    assert lines and "GPU has fallen off the bus." in lines[0].line and "NVRM: Xid (PCI:0000:" in lines[0].line
-    backoff = _kube(ev, "BackOff")
-    assert backoff, "the pod on the GPU must crash"
-    assert sim.grade().errors > 0
-    # Without a reboot the GPU stays broken: the pod keeps failing.
-    assert fault.status == "active"
-
-
-def test_xid48_needs_gpu_reset_and_counts_dbe() -> None:
-    _needs_catalog()
-    sim, ev = _run("xid48")
-    uuid = sim.fault_list()[0].entity
-    assert max(_values(ev, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", uuid)) >= 1
-    assert 1 in _values(ev, "DCGM_FI_DEV_ROW_REMAP_PENDING", uuid)
-    assert _logs(ev, "double bit error")
-    # the replica keeps crashing on start until someone resets the GPU
-    assert _logs(ev, "RuntimeError: CUDA error")
-    assert sim.fault_list()[0].status == "active"
-
-
-def test_xid13_app_crash_recovers_by_itself() -> None:
-    _needs_catalog()
-    sim, ev = _run("xid13", 900)
-    f = sim.fault_list()[0]
-    assert 13 in _values(ev, "DCGM_FI_DEV_XID_ERRORS", f.entity)
-    assert f.status == "resolved" and f.resolved_by == "pod_restart"
+from tests.sim_telemetry import kube as _kube
+from tests.sim_telemetry import logs as _logs
+from tests.sim_telemetry import run as _run
+from tests.sim_telemetry import score
+from tests.sim_telemetry import values as _values
 
 
 def test_vram_leak_ends_in_cuda_oom() -> None:
@@ -95,14 +34,6 @@ def test_kv_cache_exhaustion_preempts_and_queues() -> None:
     assert max(_values(ev, "vllm:num_requests_waiting")) > 5
 
 
-def test_ecc_sbe_then_dbe() -> None:
-    _needs_catalog()
-    sim, ev = _run("ecc", 700)
-    uuid = sim.fault_list()[0].entity
-    assert max(_values(ev, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", uuid)) > 10
-    assert 48 in _values(ev, "DCGM_FI_DEV_XID_ERRORS", uuid)
-
-
 def test_thermal_throttle_drops_clocks() -> None:
     sim, ev = _run("thermal_throttle", 900)
     uuid = sim.fault_list()[0].entity
@@ -112,14 +43,6 @@ def test_thermal_throttle_drops_clocks() -> None:
     assert max(temps) >= 88
     assert any(int(r) & 0x40 for r in reasons)
     assert min(c for c in clocks if c > 500) < 1980
-
-
-def test_nvlink_errors_then_xid74() -> None:
-    _needs_catalog()
-    sim, ev = _run("nvlink_error", 600)
-    uuid = sim.fault_list()[0].entity
-    assert max(_values(ev, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", uuid)) > 100
-    assert 74 in _values(ev, "DCGM_FI_DEV_XID_ERRORS", uuid)
 
 
 def test_nccl_timeout_stalls_then_aborts() -> None:
@@ -170,25 +93,18 @@ def test_pending_pods_failed_scheduling() -> None:
 
 FAULT_SCENARIOS = [
     "bad_rollout",
-    "ecc",
     "engine_dead",
     "kv_cache_exhaustion",
     "nccl_timeout",
     "network_latency",
     "node_flapping",
-    "nvlink_error",
     "pending_pods",
     "thermal_throttle",
     "vram_leak",
-    "xid13",
-    "xid48",
-    "xid79",
-]
+]  # and the XID ones in tests/data/test_sim_xid_faults.py
 
 
+@pytest.mark.slow  # two 900 s episodes each, about 1 s a scenario
 @pytest.mark.parametrize("name", FAULT_SCENARIOS)
 def test_noop_scores_lower_under_fault(name: str) -> None:
-    if name.startswith("xid") or name in ("ecc", "nvlink_error"):
-        _needs_catalog()
-    score: Callable[[str], float] = lambda n: Simulator(load_scenario(n), seed=3, telemetry=False).run(900).score  # noqa: E731
     assert score(name) < score("baseline")
