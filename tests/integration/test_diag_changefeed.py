@@ -22,6 +22,8 @@ from services.diagnostician.service import start_change_feed
 from services.diagnostician.tools import ChangeLog
 from tests.conftest import poll
 
+pytestmark = pytest.mark.integration
+
 
 def scaled(deployment: str, replica_set: str, ts: float, direction: str = "up") -> KubeEvent:
     return KubeEvent(

@@ -28,6 +28,8 @@ from services.diagnostician.kb import configure_session, index_incident, index_k
 from services.diagnostician.service import run
 from services.store.db import connect
 
+pytestmark = pytest.mark.integration
+
 T0 = 1_760_000_000.0
 
 
