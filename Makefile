@@ -12,12 +12,13 @@ export PYTHON := $(abspath $(BIN)/python)
 # pgserver and platformdirs want a runtime dir; give them one instead of a warning per process
 export XDG_RUNTIME_DIR ?= /tmp/clustermedic-runtime-$(shell id -u)
 
-.PHONY: help install up down status migrate demo test test-unit test-integration lint lock bench clean
+.PHONY: help install up down status migrate demo test test-unit test-data test-integration lint lock bench clean
 
 help:
 	@echo "make demo   start the local infrastructure and run the smoke flow through Kafka"
 	@echo "make test   install, start the infrastructure, run lint and every test, stop what it started"
-	@echo "other: install up down status migrate lint lock bench clean"
+	@echo "make test-unit   the unit tier alone, under a minute (no infrastructure, no shared data, no slow tests)"
+	@echo "other: install up down status migrate test-data test-integration lint lock bench clean"
 
 # One resolver run, frozen in requirements.lock (regenerate with `make lock`).
 $(VENV)/.installed: pyproject.toml requirements.lock
@@ -58,8 +59,17 @@ lint: install
 test: install lint
 	bash infra/local/with-infra.sh $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# The tiers (docs/testing.md): tests/unit needs no network, infrastructure or ../shared/data and runs in
+# under a minute without its `slow` tests; tests/data reads ../shared/data in place; tests/integration and
+# tests/acceptance need the infrastructure. `make test` runs them all, slow tests included.
 test-unit: install
-	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit -m "not slow" $(PYTEST_ARGS)
+
+test-data: install
+	$(BIN)/pytest -q -p no:cacheprovider tests/data $(PYTEST_ARGS)
+
+test-integration: install
+	bash infra/local/with-infra.sh $(BIN)/pytest -q -p no:cacheprovider tests/integration tests/acceptance $(PYTEST_ARGS)
 
 bench: install
 	bash infra/local/with-infra.sh $(BIN)/python bench/infra.py
