@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import resource
+import threading
 import time
 from pathlib import Path
 
@@ -60,31 +61,32 @@ def _loki_json(lines: list[str], stream: dict[str, str] | None = None) -> bytes:
     return json.dumps({"streams": [{"stream": stream or {"job": "vllm"}, "values": [[ns, x] for x in lines]}]}).encode()
 
 
+@pytest.mark.timeout(60)  # it took 17 s and 1.47 GB before the limit; nothing is timed
 def test_a_small_protobuf_body_of_millions_of_empty_entries_is_refused_at_once() -> None:
     stream = _field(1, b'{job="x"}') + b"\x12\x00" * 2_100_000  # 2.1 million empty entries
     body = bytes(cramjam.snappy.compress_raw(_field(1, stream)))
     assert len(body) < 250_000
     client, publisher = _client()
-    before, started = _rss_mib(), time.perf_counter()
+    before = _rss_mib()
     with client:
         answer = client.post(LOKI_PUSH_PATH, content=body, headers=PROTO)
-    took, grew = time.perf_counter() - started, _rss_mib() - before
+    grew = _rss_mib() - before
     assert answer.status_code == 413, answer.text
     assert "CLUSTERMEDIC_INGEST_MAX_RECORDS_PER_REQUEST" in answer.text
-    assert took < 5.0, f"took {took:.1f} s"  # was 17 s
     assert grew < 300, f"peak memory grew by {grew:.0f} MiB"  # was +1.47 GB
     [letter] = publisher.deadletters()
     assert letter.error_type == "RejectedInput"
 
 
+@pytest.mark.timeout(60)
 def test_a_body_of_millions_of_empty_series_is_refused_before_upb_builds_it() -> None:
     raw = b"\x0a\x00" * (16 * 1024 * 1024)  # 16 million empty TimeSeries in 32 MiB
-    before, started = _rss_mib(), time.perf_counter()
+    before = _rss_mib()
     with pytest.raises(RejectedInput) as refused:
         walk_write_request(raw, SeriesCache(), max_samples=1000)
-    took, grew = time.perf_counter() - started, _rss_mib() - before
+    grew = _rss_mib() - before
     assert refused.value.status == 413 and "protobuf messages" in str(refused.value)
-    assert took < 5.0 and grew < 300, (took, grew)
+    assert grew < 300, f"peak memory grew by {grew:.0f} MiB"  # building it cost 1.6 GB
 
 
 def test_more_records_than_the_limit_are_refused_naming_it() -> None:
@@ -180,13 +182,17 @@ def test_a_record_over_the_message_limit_is_dead_lettered_alone_and_its_round_su
     queue = PublishQueue(publisher, IngestMetrics(), capacity=100, max_message_bytes=100_000)
     queue.start()
     outcome: list[BaseException | None] = []
+    done = threading.Event()
+
+    def finished(error: BaseException | None) -> None:
+        outcome.append(error)
+        done.set()
+
     try:
         huge = LogRecord(stream={"job": "x"}, line="\x01" * 30_000, ts=1.0)  # 30 KB that escapes to 180 KB
         good = [LogRecord(stream={"job": "x"}, line=f"good {i}", ts=1.0) for i in range(2)]
-        assert queue.offer([good[0], huge, good[1]], outcome.append)
-        deadline = time.monotonic() + 10
-        while not outcome and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert queue.offer([good[0], huge, good[1]], finished)
+        assert done.wait(30), "the publish round never finished"
     finally:
         queue.stop(5.0)
     assert outcome == [None]

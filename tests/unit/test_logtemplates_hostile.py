@@ -9,7 +9,6 @@ set aside (dead-lettered by the agent) while its neighbours are processed.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -31,19 +30,16 @@ LINES = {
     "many error words": "error " * (N // 6),
     "one token per character": "a " * (N // 2),
 }
-BOUND_S = 2.0  # a linear pass takes ~0.1-0.3 s here; the quadratic patterns took minutes
 
 
+@pytest.mark.timeout(30)  # a backtracking pattern takes minutes on one of these lines; nothing is timed
 @pytest.mark.parametrize("shape", sorted(LINES))
 @pytest.mark.parametrize("stream", [{"unit": "kernel", "node": "n"}, {"pod": "vllm-0"}], ids=["kernel", "app"])
 def test_the_detector_takes_a_256_kb_hostile_line_in_bounded_time(shape: str, stream: dict[str, str]) -> None:
     detector = LogTemplateDetector()
     state = detector.initial_state()
     record = LogRecord(stream=stream, line=LINES[shape], ts=1_780_000_000.0)
-    started = time.perf_counter()
-    state, found = detector.detect([record], state)
-    took = time.perf_counter() - started
-    assert took < BOUND_S, f"{shape}: {took:.1f} s"
+    state, found = detector.detect([record], state)  # the test's timeout fails a backtracking pattern
     for anomaly in found:
         Anomaly.from_bytes(anomaly.to_bytes())
 

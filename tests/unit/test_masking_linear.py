@@ -2,15 +2,14 @@
 
 A receiver takes lines from anybody who can log: one 40 KB line used to block the log detector's
 event loop for 14 s in the SERIAL mask. Each mask is fed 256 KB lines shaped to make a backtracking
-engine rescan (long identifier runs, dotted runs, digit runs); the bound is ~100x what a linear pass
-takes here, and ~1000x below what the quadratic patterns took, so it catches the regression without
-timing anything finer.
+engine rescan (long identifier runs, dotted runs, digit runs). Nothing is timed: a linear pass
+over all of them takes a few seconds here, the quadratic patterns took minutes per line, so the
+test's timeout (pytest-timeout) is what fails a regression, not an assertion on a duration.
 """
 
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -32,17 +31,14 @@ HOSTILE = {
     "scheme-like run": "x." * (N // 2),
     "pci-like run": "0000:" * (N // 5),
 }
-BOUND_S = 2.0
 
 
+@pytest.mark.timeout(60)  # a backtracking mask takes minutes on one of these lines
 @pytest.mark.parametrize("mask", sorted(MASK_PATTERNS))
 def test_every_mask_handles_256_kb_hostile_lines_in_bounded_time(mask: str) -> None:
     pattern = re.compile(MASK_PATTERNS[mask])
-    for shape, line in HOSTILE.items():
-        started = time.perf_counter()
+    for line in HOSTILE.values():
         pattern.sub("<X>", line)
-        took = time.perf_counter() - started
-        assert took < BOUND_S, f"{mask} took {took:.1f} s on a 256 KB line of {shape}"
 
 
 # The patterns these replaced; the rewrites must match exactly the same spans.
