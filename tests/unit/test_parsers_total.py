@@ -36,6 +36,9 @@ from tests.hostile import (
     remote_write_bodies,
 )
 
+# hundreds of examples per parser: run by `make test`, left out of the quick `make test-unit`
+pytestmark = pytest.mark.slow
+
 NOW = 1_780_000_000.0
 NS = str(int(NOW * 1e9))
 TOTAL = settings(
