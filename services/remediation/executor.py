@@ -250,7 +250,9 @@ class Executor:
         spec = policy_for(self.config.policy, run.playbook, run.targets)
 
         def check(state: GuardrailState) -> list[str]:
-            return start_blocks(run_id, run.targets, spec, state, now, automatic=run.automatic)
+            return start_blocks(
+                run_id, run.targets, spec, state, now, automatic=run.automatic, incident_id=run.incident_id
+            )
 
         token = uuid.uuid4().hex
         claim = self.store.claim_run(

@@ -43,6 +43,7 @@ class RunSummary(BaseModel):
     run_id: str
     playbook: str
     status: str
+    incident_id: str = ""
     automatic: bool = True
     started_at: float | None = None
     finished_at: float | None = None
@@ -89,6 +90,20 @@ def _failures(policy: PolicySpec, state: GuardrailState, now: float) -> list[Run
         and not r.refused
         and (r.finished_at or r.started_at or 0.0) >= now - window
     ]
+
+
+def incident_busy(incident_id: str, state: GuardrailState, *, exclude_run: str = "") -> list[str]:
+    """Why an automatic run of this incident may not start while another of its runs is in flight.
+
+    One remedy at a time per incident: a second one stacked on a run still verifying acts on a
+    cluster the first is changing (a replica drained while the GPU's pods are being evicted), and
+    neither run's verification then says what it did. A later diagnosis proposes it again once the
+    first run has finished. A run a human approved is not held: the engineer decides.
+    """
+    if not incident_id:
+        return []
+    busy = [r for r in state.runs if r.incident_id == incident_id and r.status == "running" and r.run_id != exclude_run]
+    return [f"incident {incident_id} has {r.playbook} run {r.run_id} in flight" for r in busy[:1]]
 
 
 def circuit_open(policy: PolicySpec, state: GuardrailState, now: float) -> bool:
@@ -188,7 +203,14 @@ def breaker_reasons(
 
 
 def start_blocks(
-    run_id: str, targets: Targets, policy: PolicySpec, state: GuardrailState, now: float, *, automatic: bool
+    run_id: str,
+    targets: Targets,
+    policy: PolicySpec,
+    state: GuardrailState,
+    now: float,
+    *,
+    automatic: bool,
+    incident_id: str = "",
 ) -> list[str]:
     """Why a proposed or approved run may not start now (empty: go).
 
@@ -201,11 +223,14 @@ def start_blocks(
         policy: the policy in force for its scope.
         state: recent runs and the live kill switch, read in the same transaction.
         now: UNIX seconds.
-        automatic: False for a run a human approved (the circuit breaker stops automatic runs only).
+        automatic: False for a run a human approved (the circuit breaker and the one-run-per-incident
+            rule hold automatic runs only).
+        incident_id: the run's incident (:func:`incident_busy`).
     """
     return (
         kill_switch_reasons(policy, state)
         + breaker_reasons(policy, state, now, automatic=automatic, in_flight_of=run_id)
+        + (incident_busy(incident_id, state, exclude_run=run_id) if automatic else [])
         + check_guardrails(targets, policy, state, now, exclude_run=run_id)
     )
 
@@ -297,7 +322,7 @@ def plan_from_diagnosis(
         )
     if breaker := breaker_reasons(spec, state, now, automatic=True):
         return Decision(**common, outcome="page", reasons=tuple(breaker))
-    blocks = check_guardrails(targets, spec, state, now)
+    blocks = incident_busy(diagnosis.incident_id, state) + check_guardrails(targets, spec, state, now)
     if blocks:
         return Decision(**common, outcome="blocked", reasons=tuple(blocks))
     return Decision(**common, outcome="execute", reasons=(f"level {level} runs automatically",))

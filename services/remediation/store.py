@@ -595,7 +595,8 @@ class RunStore:
         """Recent non-dry runs (cooldown, rate limit, blast radius, circuit breaker) and the live kill switch."""
         since = now - GUARDRAIL_WINDOW_S
         rows = q(
-            """SELECT run_id, playbook, status, automatic, targets, rollback_state = 'pending' AS rollback_pending,
+            """SELECT run_id, playbook, status, incident_id, automatic, targets,
+                      rollback_state = 'pending' AS rollback_pending,
                       extract(epoch FROM started_at) AS started_at, extract(epoch FROM finished_at) AS finished_at,
                       EXISTS (SELECT 1 FROM remediation_steps s WHERE s.run_id = remediation_runs.run_id
                               AND s.kind = 'precheck' AND s.status = 'failed') AS refused

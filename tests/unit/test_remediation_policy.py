@@ -230,3 +230,22 @@ def test_at_start_running_automatic_runs_count_as_failures_that_may_yet_happen()
     blocks = start_blocks("me", Targets(pods=("q",)), spec, one_failed, NOW, automatic=True)
     assert blocks and "1 automatic runs failed" in blocks[0] and "2 are still running" in blocks[0]
     assert start_blocks("me", Targets(pods=("q",)), spec, one_failed, NOW, automatic=False) == []
+
+
+def test_an_incident_runs_one_automatic_remedy_at_a_time():
+    # the GPU's pods are being evicted; a drain of one of them, proposed meanwhile, waits for a later
+    # diagnosis instead of acting on what the first run is changing
+    from services.remediation.policy import start_blocks
+
+    evicting = run("r-evict", "running", 30, nodes=("n9",)).model_copy(update={"incident_id": "inc-a"})
+    state = GuardrailState(runs=(evicting,))
+    d = plan_from_diagnosis(diagnosis(*RESTART).model_copy(update={"incident_id": "inc-a"}), policy(), REG, state=state)
+    assert d.outcome == "blocked" and "in flight" in d.reasons[0]
+    other = plan_from_diagnosis(
+        diagnosis(*RESTART).model_copy(update={"incident_id": "inc-b"}), policy(), REG, state=state
+    )
+    assert other.outcome == "execute"
+    spec = policy().resolve({})
+    held = start_blocks("me", Targets(pods=("p",)), spec, state, NOW, automatic=True, incident_id="inc-a")
+    assert held and "in flight" in held[0]
+    assert start_blocks("me", Targets(pods=("p",)), spec, state, NOW, automatic=False, incident_id="inc-a") == []
