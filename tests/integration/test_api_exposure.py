@@ -116,3 +116,17 @@ def test_medic_silences_add_refuses_a_mute_all_silence_without_all(
     with connect(fresh_database) as conn:
         comments = sorted(s.comment for s in list_silences(conn, now=time.time()))
     assert comments == ["", "cluster move [mutes every alert: confirmed by ana via cli (--all)]"]
+
+
+def test_healthz_tells_anyone_up_or_down_never_why(fresh_database: Settings) -> None:
+    migrate(fresh_database)
+    with TestClient(create_app(fresh_database)) as api:
+        assert (api.get("/healthz").status_code, api.get("/healthz").json()) == (200, {"status": "ok"})
+    # a server that is not there: the connection error names its host, port and user
+    gone = fresh_database.model_copy(
+        update={"database_url": "postgresql://medic_canary_user:s3cret@127.0.0.1:1/canary_db?connect_timeout=2"}
+    )
+    with TestClient(create_app(gone)) as api:
+        answer = api.get("/healthz")
+    assert (answer.status_code, answer.json()) == (503, {"status": "down"})
+    assert not any(word in answer.text for word in ("canary", "s3cret", "127.0.0.1", "5432", ":1"))
