@@ -78,6 +78,30 @@ _NOT_REPAIRED = frozenset({"", "expired", "crash", "informational", "no_target"}
 # ------------------------------------------------------------------------------ the simulator over HTTP
 
 
+def simulated_executor(sim: Simulator, store: RunStore, events: Any) -> Executor:
+    """The remediation executor acting on ``sim`` in process: the simulator actuator over
+    :func:`simulator_transport`, a :class:`LoopDispatcher` on simulated seconds (``executor.dispatcher``;
+    :meth:`LoopDispatcher.pump` runs what is due), the shipped ``remediation.yaml``, and the world's
+    clock (``execution.clock: world``: the simulated UNIX time, never ``time.time``)."""
+    from services.remediation.actuators.simulator import SimulatorActuator
+    from services.remediation.config import load_config
+    from services.remediation.registry import playbook_registry
+
+    actuator = SimulatorActuator("http://simulator.loop", transport=simulator_transport(sim))
+    dispatcher = LoopDispatcher(lambda: sim.t)
+    executor = Executor(
+        store=store,
+        actuator=actuator,
+        playbooks=playbook_registry(),
+        config=load_config(),
+        events=events,
+        dispatcher=dispatcher,
+        clock=actuator.event_time,
+    )
+    dispatcher.executor = executor
+    return executor
+
+
 def simulator_transport(sim: Simulator) -> httpx.MockTransport:
     """The simulator's control API (``GET /state``, ``POST /actions/{kind}``) as an in-process transport.
 
@@ -438,9 +462,6 @@ def run_episode(
     from services.alerting.config import load_routing
     from services.diagnostician.diagnostician import RankerDiagnostician
     from services.diagnostician.tools import ChangeLog
-    from services.remediation.actuators.simulator import SimulatorActuator
-    from services.remediation.config import load_config
-    from services.remediation.registry import playbook_registry
 
     duration = duration_s if duration_s is not None else episode_duration(spec)
     baselines: dict[str, dict[str, float]] = {}
@@ -455,21 +476,11 @@ def run_episode(
     correlate = OfflineCorrelate(load_routing(REPO_ROOT / "infra" / "config" / "routing.yaml"), sim.epoch)
     doctor = RankerDiagnostician(settings, index=index, use_database=False)
     doctor.change_log = ChangeLog({n: f"{n}-{d.template_hash}" for n, d in sim.cluster.deployments.items()})
-    config = load_config(REPO_ROOT / "infra" / "config" / "remediation.yaml")
-    actuator = SimulatorActuator("http://simulator.loop", transport=simulator_transport(sim))
-    dispatcher = LoopDispatcher(lambda: sim.t)
     sink = LoopEvents()
     store = RunStore(settings)
-    executor = Executor(
-        store=store,
-        actuator=actuator,
-        playbooks=playbook_registry(),
-        config=config,
-        events=sink,
-        dispatcher=dispatcher,
-        clock=actuator.event_time,  # execution.clock "world": the simulated UNIX time, never time.time
-    )
-    dispatcher.executor = executor
+    executor = simulated_executor(sim, store, sink)
+    dispatcher = executor.dispatcher
+    assert isinstance(dispatcher, LoopDispatcher)
     incidents: list[IncidentEvent] = []
     submitted: list[tuple[float, str, Diagnosis]] = []  # (t, run id, diagnosis)
     awaiting: dict[str, float] = {}  # run id -> simulated second it asked for approval
@@ -515,7 +526,7 @@ def run_episode(
         }
     finally:
         store.close()
-        actuator.close()
+        executor.actuator.close()
         sim.close()
         doctor.close()
     return _judge(

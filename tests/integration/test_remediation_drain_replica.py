@@ -3,7 +3,7 @@ finishes its requests, restarts, loads its model and rejoins; its last peer is n
 that does not come back in time is rolled back into rotation.
 
 As every playbook runs: :class:`~services.remediation.executor.Executor` on a real Postgres run store,
-the simulator actuator over the simulator's control API (in process: ``evals.loop.simulator_transport``)
+the simulator actuator over the simulator's control API (in process: ``evals.loop.simulated_executor``)
 and the loop's Celery stand-in, on simulated time.
 """
 
@@ -14,13 +14,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from evals.loop import LoopDispatcher, LoopEvents, simulator_transport
+from evals.loop import LoopDispatcher, LoopEvents, simulated_executor
 from services.core.events import Diagnosis, Hypothesis
 from services.core.settings import Settings
-from services.remediation.actuators.simulator import SimulatorActuator
-from services.remediation.config import load_config
 from services.remediation.executor import Executor
-from services.remediation.registry import playbook_registry
 from services.remediation.store import RunRow, RunStore
 from services.simulator.scenario import load_scenario
 from services.simulator.simulator import Simulator
@@ -82,23 +79,13 @@ def loop(fresh_database: Settings) -> Iterator[Loop]:
     migrate(fresh_database)
     sim = Simulator(load_scenario("thermal_throttle"), seed=1, telemetry=False)
     store = RunStore(fresh_database)
-    actuator = SimulatorActuator("http://simulator.test", transport=simulator_transport(sim))
-    dispatcher = LoopDispatcher(lambda: sim.t)
-    executor = Executor(
-        store=store,
-        actuator=actuator,
-        playbooks=playbook_registry(),
-        config=load_config(),
-        events=LoopEvents(),
-        dispatcher=dispatcher,
-        clock=actuator.event_time,
-    )
-    dispatcher.executor = executor
+    executor = simulated_executor(sim, store, LoopEvents())
+    assert isinstance(executor.dispatcher, LoopDispatcher)
     try:
-        yield Loop(sim, store, executor, dispatcher)
+        yield Loop(sim, store, executor, executor.dispatcher)
     finally:
         store.close()
-        actuator.close()
+        executor.actuator.close()
         sim.close()
 
 

@@ -9,15 +9,12 @@ import time
 
 import pytest
 
-from evals.loop import LoopDispatcher, simulator_transport
+from evals.loop import LoopDispatcher, simulated_executor
 from services.core.events import Diagnosis, Hypothesis, IncidentEvent
 from services.core.settings import Settings
-from services.remediation.actuators.simulator import SimulatorActuator
-from services.remediation.config import PolicySpec, load_config
-from services.remediation.executor import Executor
+from services.remediation.config import PolicySpec
 from services.remediation.model import Decision, Targets
 from services.remediation.policy import GuardrailState, start_blocks
-from services.remediation.registry import playbook_registry
 from services.remediation.runtime import MemoryEventSink
 from services.remediation.store import RunStore
 from services.simulator.scenario import load_scenario
@@ -120,18 +117,9 @@ def test_a_runs_steps_and_its_incidents_mitigation_are_on_the_simulated_clock(
 ) -> None:
     year_ago = float(int(time.time() - 365 * 86_400) // 60 * 60)
     sim = Simulator(load_scenario("xid79"), seed=0, telemetry=False, epoch=year_ago)
-    actuator = SimulatorActuator("http://simulator.test", transport=simulator_transport(sim))
-    dispatcher = LoopDispatcher(lambda: sim.t)
-    executor = Executor(
-        store=store,
-        actuator=actuator,
-        playbooks=playbook_registry(),
-        config=load_config(),
-        events=MemoryEventSink(),
-        dispatcher=dispatcher,
-        clock=actuator.event_time,  # execution.clock: world
-    )
-    dispatcher.executor = executor
+    executor = simulated_executor(sim, store, MemoryEventSink())
+    dispatcher = executor.dispatcher
+    assert isinstance(dispatcher, LoopDispatcher)
     for _ in range(30):
         sim.step()
     opened = sim.epoch + sim.t

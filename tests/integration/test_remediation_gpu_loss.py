@@ -15,17 +15,14 @@ from dataclasses import dataclass, field
 import pytest
 
 from evals.detect import OfflineDetect
-from evals.loop import LoopDispatcher, LoopEvents, simulator_transport
+from evals.loop import LoopDispatcher, LoopEvents, simulated_executor
 from pipelines.correlate.engine import Engine
 from pipelines.detect import build_detectors
 from services.alerting.config import load_routing
 from services.core.events import Diagnosis, Hypothesis, IncidentEvent
 from services.core.paths import REPO_ROOT
 from services.core.settings import Settings
-from services.remediation.actuators.simulator import SimulatorActuator
-from services.remediation.config import load_config
 from services.remediation.executor import Executor
-from services.remediation.registry import playbook_registry
 from services.remediation.store import RunRow, RunStore
 from services.simulator.scenario import load_scenario
 from services.simulator.simulator import Simulator
@@ -88,20 +85,10 @@ def _loop(settings: Settings, *, telemetry: bool) -> Iterator[Loop]:
     migrate(settings)
     sim = Simulator(load_scenario("xid79"), seed=1, telemetry=telemetry)
     store = RunStore(settings)
-    actuator = SimulatorActuator("http://simulator.test", transport=simulator_transport(sim))
-    dispatcher = LoopDispatcher(lambda: sim.t)
     sink = LoopEvents()
-    executor = Executor(
-        store=store,
-        actuator=actuator,
-        playbooks=playbook_registry(),
-        config=load_config(),
-        events=sink,
-        dispatcher=dispatcher,
-        clock=actuator.event_time,  # execution.clock: world
-    )
-    dispatcher.executor = executor
-    loop = Loop(sim, store, executor, dispatcher, sink)
+    executor = simulated_executor(sim, store, sink)
+    assert isinstance(executor.dispatcher, LoopDispatcher)
+    loop = Loop(sim, store, executor, executor.dispatcher, sink)
     if telemetry:
         loop.offline = OfflineDetect(build_detectors(settings))
         loop.engine = Engine(load_routing(REPO_ROOT / "infra" / "config" / "routing.yaml"))
@@ -109,7 +96,7 @@ def _loop(settings: Settings, *, telemetry: bool) -> Iterator[Loop]:
         yield loop
     finally:
         store.close()
-        actuator.close()
+        executor.actuator.close()
         sim.close()
 
 
