@@ -396,17 +396,18 @@ class Engine:
         resolve_after = self.config.correlation.incidents.resolve_after
         for iid in self._dirty_incidents:
             inc = self.incidents.get(iid)
-            escalate = resolve = None
+            escalate = resolve = announce = None
             if inc is not None and inc.state != "resolved":
                 members = [self.alerts[fp] for fp in inc.members if fp in self.alerts]
                 if escalation.after is not None and inc.severity != "critical" and not inc.escalation:
                     escalate = inc.opened_at + escalation.after
                 if members and all(m.status == "resolved" for m in members):
                     resolve = max(m.resolved_at or 0.0 for m in members) + resolve_after
+                if inc.pending:
+                    announce = inc.announce_at
             self._set_timer(_ESCALATE, iid, escalate)
             self._set_timer(_INCIDENT_RESOLVE, iid, resolve)
-            live = inc is not None and inc.pending and inc.state != "resolved"
-            self._set_timer(_ANNOUNCE, iid, inc.announce_at if live and inc is not None else None)
+            self._set_timer(_ANNOUNCE, iid, announce)
         self._dirty_incidents.clear()
         for key in self._dirty_groups:
             group = self.groups.get(key)

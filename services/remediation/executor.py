@@ -161,12 +161,8 @@ class Executor:
         """
         assert decision.playbook is not None
         top = diagnosis.hypotheses[0].confidence if diagnosis.hypotheses else 0.0
-        for run_id in self.store.stale_approvals(decision.incident_id, decision.playbook, decision.params):
-            run = self.store.get_run(run_id)
-            rated = max(
-                (h.confidence for h in diagnosis.hypotheses if run is not None and h.playbook == run.playbook),
-                default=0.0,
-            )
+        for run_id, playbook in self.store.stale_approvals(decision.incident_id, decision.playbook, decision.params):
+            rated = max((h.confidence for h in diagnosis.hypotheses if h.playbook == playbook), default=0.0)
             if rated > 0 and rated >= self.config.approvals.keep_ratio * top:
                 continue
             detail = f"superseded: the diagnosis of {decision.incident_id} now proposes {decision.playbook}"

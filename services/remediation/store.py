@@ -262,15 +262,16 @@ class RunStore:
         )
         return str(rows[0]["run_id"]) if rows else None
 
-    def stale_approvals(self, incident_id: str, playbook: str, params: dict[str, Any]) -> list[str]:
-        """Runs of the incident awaiting approval for another playbook or other params than these."""
+    def stale_approvals(self, incident_id: str, playbook: str, params: dict[str, Any]) -> list[tuple[str, str]]:
+        """``(run id, playbook)`` of the incident's runs awaiting approval for another playbook or other
+        params than these, oldest first."""
         rows = self._q(
-            """SELECT run_id FROM remediation_runs
+            """SELECT run_id, playbook FROM remediation_runs
                WHERE incident_id = %s AND status = 'awaiting_approval' AND NOT (playbook = %s AND params = %s)
                ORDER BY created_at""",
             (incident_id, playbook, Jsonb(params)),
         )
-        return [str(r["run_id"]) for r in rows]
+        return [(str(r["run_id"]), str(r["playbook"])) for r in rows]
 
     def withdraw_approval(self, run_id: str, now: float) -> bool:
         """Expire a pending approval now, whatever its deadline; False when it was not pending."""
