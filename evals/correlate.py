@@ -49,9 +49,10 @@ class OfflineCorrelate:
         actions.extend(self.correlator.tick(DEFAULT_CLUSTER, self.epoch + t))
         return [self._local(a) for a in actions if isinstance(a, IncidentEvent)]
 
-    def mitigate(self, incident_id: str) -> list[IncidentEvent]:
-        """Mark an incident mitigated (a run succeeded), as the correlate role's remediation agent does."""
-        actions = self.correlator.mitigate(DEFAULT_CLUSTER, incident_id)
+    def run(self, incident_id: str, run_id: str, status: str) -> list[IncidentEvent]:
+        """Follow a run's run-level progress as the correlate role's remediation agent does: a run acting
+        holds its incident open, and a run that succeeded mitigates it."""
+        actions = self.correlator.run(DEFAULT_CLUSTER, incident_id, run_id, status)
         return [self._local(a) for a in actions if isinstance(a, IncidentEvent)]
 
     def _local(self, event: IncidentEvent) -> IncidentEvent:

@@ -239,13 +239,14 @@ class LoopEvents:
 
     def __init__(self) -> None:
         self.events: list[RemediationEvent | IncidentEvent] = []
-        self.mitigations: list[str] = []
+        self.runs: list[tuple[str, str, str]] = []  # (incident, run, status) for the correlate role
 
     def publish(self, event: RemediationEvent | IncidentEvent) -> None:
-        """Keep the event (the correlate role's rule: a run's final ``succeeded`` mitigates its incident)."""
+        """Keep the event; a run-level one goes to correlate too (it holds the incident while the run
+        acts, and a run's final ``succeeded`` mitigates it)."""
         self.events.append(event)
-        if isinstance(event, RemediationEvent) and event.status == "succeeded" and not event.step:
-            self.mitigations.append(event.incident_id)
+        if isinstance(event, RemediationEvent) and not event.step:
+            self.runs.append((event.incident_id, event.run_id, event.status))
 
 
 # ------------------------------------------------------------------------------------- results
@@ -511,9 +512,8 @@ def run_episode(
                     del awaiting[run_id]
                     _simulated_human(executor, store, run_id)
             dispatcher.pump()
-            while sink.mitigations:
-                incident_id = sink.mitigations.pop(0)
-                incidents.extend(correlate.mitigate(incident_id))
+            while sink.runs:
+                incidents.extend(correlate.run(*sink.runs.pop(0)))
         grade = sim.grade("clustermedic")
         scores = sim.grader.step_scores()
         faults = [f for f in sim.fault_list() if f.started_at is not None]

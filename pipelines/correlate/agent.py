@@ -83,6 +83,8 @@ DEFAULT_CLUSTER = "default"
 SEEN_RETENTION_S = 86400.0  # how long the newest anomaly time per fingerprint is remembered
 KIND_HEADER = "clustermedic-kind"
 ANOMALY, TICK, TOPOLOGY, MITIGATE = "anomaly", "tick", "topology", "mitigate"
+RUN = "run"  # a remediation run began or ended: {"incident_id", "run_id", "status"}
+RUN_ENDED = frozenset({"succeeded", "failed", "rolled_back", "blocked", "expired", "rejected", "paged", "dry_run"})
 TOPOLOGY_LABELS = frozenset(
     {*GPU_LABELS, *NODE_LABELS, *MODEL_LABELS, *DEPLOYMENT_LABELS, "gpu", "pod", "namespace", "cluster"}
 )
@@ -269,6 +271,22 @@ class Correlator:
             actions = engine.mitigate(incident_id, _engine_now(engine))
         except IncidentNotFound:
             return []  # another cluster's incident, or resolved and forgotten already
+        self.dirty.add(cluster)
+        return actions
+
+    def run(self, cluster: str, incident_id: str, run_id: str, status: str) -> list[Action]:
+        """Follow a remediation run's run-level progress: ``running`` holds its incident open, an end
+        releases it, and ``succeeded`` mitigates it first. Unknown incidents are ignored."""
+        engine = self.engine(cluster)
+        now = _engine_now(engine)
+        actions: list[Action] = []
+        if status == "succeeded":
+            try:
+                actions = engine.mitigate(incident_id, now)
+            except IncidentNotFound:
+                return []  # another cluster's incident, or resolved and forgotten already
+        if status == "running" or status in RUN_ENDED:
+            actions += engine.acting(incident_id, run_id, status == "running", now)
         self.dirty.add(cluster)
         return actions
 
@@ -646,16 +664,19 @@ def register_correlate(
 
     @app.agent(topics.remediations, name=REMEDIATION_AGENT)
     async def correlate_remediations(stream):  # type: ignore[no-untyped-def]
-        # a run whose verification passed mitigates its incident; the incident then resolves when its
-        # alerts stay clear. The command goes through the cluster topic so it is ordered with the
-        # anomalies and replayed like them after a restart.
+        # a run that began acting holds its incident open until it ends; one whose verification passed
+        # mitigates it, and the incident then resolves when its alerts stay clear. The command goes
+        # through the cluster topic so it is ordered with the anomalies and replayed like them after a
+        # restart.
         async for item in stream.events():
             event = await pipeline.decode(RemediationEvent, item.value, item.key, consumer=REMEDIATION_AGENT)
-            if event is None or event.step or event.status != "succeeded":
+            if event is None or event.step or not (event.status == "running" or event.status in RUN_ENDED):
                 continue
-            value = json.dumps({"incident_id": event.incident_id}).encode()
+            value = json.dumps(
+                {"incident_id": event.incident_id, "run_id": event.run_id, "status": event.status}
+            ).encode()
             for cluster in sorted(set(correlator.engines) | {DEFAULT_CLUSTER}):
-                await by_cluster.send(key=cluster.encode(), value=value, headers={KIND_HEADER: MITIGATE.encode()})
+                await by_cluster.send(key=cluster.encode(), value=value, headers={KIND_HEADER: RUN.encode()})
 
     @app.agent(by_cluster, name=CORRELATE_AGENT)
     async def correlate(stream):  # type: ignore[no-untyped-def]
@@ -679,7 +700,10 @@ def register_correlate(
                 elif kind == TOPOLOGY:
                     fact = json.loads(event.value)
                     correlator.observe(cluster, fact["labels"], float(fact["ts"]))
-                elif kind == MITIGATE:
+                elif kind == RUN:
+                    run = json.loads(event.value)
+                    actions = correlator.run(cluster, str(run["incident_id"]), str(run["run_id"]), str(run["status"]))
+                elif kind == MITIGATE:  # written before runs were followed: replayed after an upgrade
                     actions = correlator.mitigate(cluster, str(json.loads(event.value)["incident_id"]))
                 else:
                     anomaly = await pipeline.decode(Anomaly, event.value, event.key, consumer=CORRELATE_AGENT)

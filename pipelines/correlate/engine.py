@@ -199,6 +199,28 @@ class Engine:
         self._gc(at)
         return out
 
+    def acting(self, incident: str, run_id: str, active: bool, now: float) -> list[Action]:
+        """Record that remediation run ``run_id`` began (``active``) or ended acting on an incident.
+
+        While a run acts, the incident does not resolve, even when its alerts go quiet: the quiet may be
+        the run's own doing (a deleted pod's probes stop failing) before its verification has passed,
+        and a run that then fails must not find its incident closed. It resolves once the run ended and
+        its alerts stayed resolved for ``resolve_after``; at most ``hold_while_acting`` after the run
+        began. Unknown or resolved incidents, and repeated commands, change nothing.
+        """
+        out: list[Action] = []
+        at = self._advance(now, out)
+        inc = self.incidents.get(incident)
+        if inc is not None and inc.state != "resolved":
+            if active and run_id not in inc.acting:
+                inc.acting[run_id] = at
+                self._dirty_incidents.add(inc.id)
+            elif not active and inc.acting.pop(run_id, None) is not None:
+                self._dirty_incidents.add(inc.id)
+                self._advance(at, out)  # quiet for resolve_after already: it resolves now
+        self._gc(at)
+        return out
+
     def observe_topology(self, labels: Mapping[str, str], now: float) -> None:
         """Learn topology facts from labels seen elsewhere (e.g. vLLM metrics: ``pod`` + ``model_name``)."""
         self.topology.learn(labels, now)
@@ -394,6 +416,7 @@ class Engine:
         self._dirty_alerts.clear()
         escalation = self.config.correlation.incidents.escalation
         resolve_after = self.config.correlation.incidents.resolve_after
+        hold = self.config.correlation.incidents.hold_while_acting
         for iid in self._dirty_incidents:
             inc = self.incidents.get(iid)
             escalate = resolve = announce = None
@@ -403,6 +426,9 @@ class Engine:
                     escalate = inc.opened_at + escalation.after
                 if members and all(m.status == "resolved" for m in members):
                     resolve = max(m.resolved_at or 0.0 for m in members) + resolve_after
+                    if inc.acting and hold > 0:
+                        # a run still acting holds it open, at most hold_while_acting from the first
+                        resolve = max(resolve, min(inc.acting.values()) + hold)
                 if inc.pending:
                     announce = inc.announce_at
             self._set_timer(_ESCALATE, iid, escalate)
@@ -469,6 +495,7 @@ class Engine:
                 inc.state = "resolved"
                 inc.resolved_at = at
                 inc.updated_at = at
+                inc.acting.clear()  # a hold that outlived hold_while_acting
                 self._closed(inc)
                 out.append(self._incident_event(inc, "resolved", at))
             elif kind == _ANNOUNCE:

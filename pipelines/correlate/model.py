@@ -140,6 +140,9 @@ class Incident(Record):
     announced: bool = True
     pending: bool = False
     announce_at: float | None = None
+    # remediation runs acting on the incident now (run id -> engine time the run began): while any
+    # is, the incident does not resolve (correlation.incidents.hold_while_acting)
+    acting: dict[str, float] = field(default_factory=dict)
 
 
 def incident_id(group_key: str, first_fingerprint: str, opened_at: float) -> str:

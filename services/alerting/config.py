@@ -253,6 +253,10 @@ class IncidentConfig(_Strict):
     # once per group_interval. 0 announces every change at once.
     group_wait: Duration = 0.0
     group_interval: Duration = 0.0
+    # A remediation run acting on an incident holds it open: it resolves only once the run has ended
+    # (and its alerts stayed resolved for resolve_after), or at most this long after the run began.
+    # 0: runs hold nothing.
+    hold_while_acting: Duration = 3600.0
     escalation: EscalationConfig = Field(default_factory=EscalationConfig)
 
 

@@ -3,7 +3,7 @@
 The playbook runs as every playbook does: :class:`~services.remediation.executor.Executor` on a real
 Postgres run store, the simulator actuator over the simulator's control API (in process, no sockets:
 ``evals.loop.simulator_transport``) and the loop's Celery stand-in, all on simulated time. The simulator's
-telemetry goes through the detect role's objects and the correlation engine, so the test sees what
+telemetry goes through the detect and correlate roles' objects, so the test sees what
 ClusterMedic sees: the XID 79 incident, its signals, and whether it resolves.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from evals.correlate import OfflineCorrelate
 from evals.detect import OfflineDetect
 from evals.loop import LoopDispatcher, LoopEvents, simulated_executor
-from pipelines.correlate.engine import Engine
 from pipelines.detect import build_detectors
 from services.alerting.config import load_routing
 from services.core.events import Diagnosis, Hypothesis, IncidentEvent
@@ -45,7 +45,7 @@ class Loop:
     dispatcher: LoopDispatcher
     sink: LoopEvents
     offline: OfflineDetect | None = None
-    engine: Engine | None = None
+    correlate: OfflineCorrelate | None = None
     incidents: list[IncidentEvent] = field(default_factory=list)
 
     def run_until(self, t: float, done: object = None) -> None:
@@ -53,15 +53,11 @@ class Loop:
         while self.sim.t < t and not (callable(done) and done()):
             now = self.sim.t
             batch = self.sim.step()
-            if self.offline is not None and self.engine is not None:
-                actions = [a for anomaly in self.offline.feed(batch) for a in self.engine.ingest(anomaly, now)]
-                actions += self.engine.tick(now)
-                self.incidents += [a for a in actions if isinstance(a, IncidentEvent)]
+            if self.offline is not None and self.correlate is not None:
+                self.incidents += self.correlate.feed(batch, self.offline.feed(batch), now)
             self.dispatcher.pump()
-            while self.sink.mitigations and self.engine is not None:  # the correlate role's remediation agent
-                incident = self.sink.mitigations.pop(0)
-                if incident in self.engine.incidents:
-                    self.incidents += [a for a in self.engine.mitigate(incident, now) if isinstance(a, IncidentEvent)]
+            while self.sink.runs and self.correlate is not None:  # the correlate role's remediation agent
+                self.incidents += self.correlate.run(*self.sink.runs.pop(0))
 
     def submit(self, playbook: str, params: dict[str, object], incident: str) -> str:
         diagnosis = Diagnosis(
@@ -91,7 +87,7 @@ def _loop(settings: Settings, *, telemetry: bool) -> Iterator[Loop]:
     loop = Loop(sim, store, executor, executor.dispatcher, sink)
     if telemetry:
         loop.offline = OfflineDetect(build_detectors(settings))
-        loop.engine = Engine(load_routing(REPO_ROOT / "infra" / "config" / "routing.yaml"))
+        loop.correlate = OfflineCorrelate(load_routing(REPO_ROOT / "infra" / "config" / "routing.yaml"), sim.epoch)
     try:
         yield loop
     finally:

@@ -159,3 +159,19 @@ def test_a_successful_remediation_mitigates_its_incident_and_unknown_ids_are_ign
     assert [(e.kind, e.incident_id) for e in mitigated] == [("mitigated", opened[0].incident_id)]
     assert c.mitigate("c1", opened[0].incident_id) == []  # a redelivered success changes nothing
     assert c.mitigate("c1", "inc-from-another-cluster") == []
+
+
+def test_a_run_holds_its_incident_while_running_and_mitigates_it_when_it_succeeds():
+    c = Correlator(ROUTING, FakeClock())
+    (opened,) = incidents(c.ingest("c1", anomaly("GPU-1", 1000.0)))
+    iid = opened.incident_id
+    assert c.run("c1", iid, "run-1", "running") == []
+    assert c.engines["c1"].incidents[iid].acting == {"run-1": 1000.0}
+    assert c.run("c1", iid, "run-1", "awaiting_approval") == []  # not a start or an end: nothing
+    assert c.engines["c1"].incidents[iid].acting == {"run-1": 1000.0}
+    assert [e.kind for e in incidents(c.run("c1", iid, "run-1", "succeeded"))] == ["mitigated"]
+    assert c.engines["c1"].incidents[iid].acting == {}
+    c.run("c1", iid, "run-2", "running")
+    c.run("c1", iid, "run-2", "rolled_back")
+    assert c.engines["c1"].incidents[iid].acting == {}
+    assert c.run("c1", "inc-from-another-cluster", "run-3", "succeeded") == []

@@ -295,6 +295,67 @@ def test_a_member_firing_again_before_resolution_keeps_the_incident_open():
     assert not [e for e in incident_events(eng.tick(2000)) if e.kind == "resolved"]
 
 
+def _quiet_incident(eng: Engine) -> str:
+    """An incident whose two alerts resolved at 30 and 40 (it would resolve at 340)."""
+    (opened,) = incident_events(eng.ingest(crashloop(0), 0))
+    eng.ingest(kube_event(10), 10)
+    eng.ingest(crashloop(30, status="resolved"), 30)
+    eng.ingest(kube_event(40, status="resolved"), 40)
+    return opened.incident_id
+
+
+def _resolved(actions: list) -> list[IncidentEvent]:
+    return [e for e in incident_events(actions) if e.kind == "resolved"]
+
+
+def test_a_run_acting_on_an_incident_holds_it_open_until_the_run_ends():
+    # the evict_gpu_pods case: the run deletes the dead pod, its probes go quiet, and the incident must
+    # not resolve before the replacement is verified Ready (nor under a run that then fails)
+    eng = engine()
+    iid = _quiet_incident(eng)
+    assert eng.acting(iid, "run-1", True, 50) == []
+    assert eng.acting(iid, "run-1", True, 55) == []  # redelivered: nothing new
+    assert not _resolved(eng.tick(1000))  # quiet since 40, but the run still acts
+    (mitigated,) = incident_events(eng.mitigate(iid, 1100))
+    assert mitigated.kind == "mitigated"
+    (resolved,) = _resolved(eng.acting(iid, "run-1", False, 1100))  # quiet long enough already: at once
+    assert resolved.ts == 1100 and resolved.incident_id == iid
+
+
+def test_a_run_that_ended_lets_its_incident_resolve_resolve_after_its_alerts_went_quiet():
+    eng = engine()
+    iid = _quiet_incident(eng)
+    eng.acting(iid, "run-1", True, 50)
+    eng.acting(iid, "run-2", True, 51)
+    assert eng.acting(iid, "run-1", False, 100) == []  # failed, say: run-2 still holds it
+    assert eng.acting(iid, "run-2", False, 200) == []  # not quiet for resolve_after yet
+    assert eng.acting(iid, "run-2", False, 201) == []  # a redelivered end changes nothing
+    assert eng.acting("inc-nope", "run-3", True, 201) == []  # an unknown incident is ignored
+    assert not _resolved(eng.tick(339))
+    (resolved,) = _resolved(eng.tick(340))  # 5 minutes after the last alert resolved, as without runs
+    assert resolved.incident_id == iid
+
+
+def test_a_run_that_never_reports_its_end_holds_its_incident_at_most_hold_while_acting():
+    eng = engine()
+    iid = _quiet_incident(eng)
+    eng.acting(iid, "run-lost", True, 50)
+    assert not _resolved(eng.tick(50 + 3600 - 1))
+    (resolved,) = _resolved(eng.tick(50 + 3600))
+    assert resolved.ts == 3650
+    assert eng.acting(iid, "run-lost", False, 4000) == []  # its late end changes nothing
+
+
+def test_a_hold_survives_a_restart():
+    eng = engine()
+    iid = _quiet_incident(eng)
+    eng.acting(iid, "run-1", True, 50)
+    eng = Engine.from_dict(eng.config, json.loads(json.dumps(eng.to_dict())))
+    assert not _resolved(eng.tick(1000))
+    (resolved,) = _resolved(eng.acting(iid, "run-1", False, 1000))
+    assert resolved.ts == 1000
+
+
 def test_notifications_name_the_incident():
     eng = engine()
     (opened,) = incident_events(eng.ingest(crashloop(0), 0))
