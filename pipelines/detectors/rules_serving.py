@@ -16,6 +16,9 @@ error_rate            failed share of finished requests within error_window_s   
                       >= error_threshold (at least error_min_requests finished):   critical
                       ``vllm:request_success_total{finished_reason in
                       bad_reasons}`` plus ``failure_counters``, over all of them
+generation_stalled    ``vllm:num_requests_running`` >= stall_min_running while      critical
+                      ``vllm:generation_tokens_total`` has not risen, for
+                      stall_samples consecutive scrapes
 latency_regression    the mean time to first token or per output token over the    warning
                       last latency_window scrapes is >= latency_ratio x, and >= the
                       metric's minimum increase above, the median of the pod's own
@@ -28,6 +31,12 @@ latency_regression    the mean time to first token or per output token over the 
 
 Every rule is a condition: it fires once and sends a ``resolved`` anomaly when it clears. Counters
 are cumulative; a pod restart resets them, which counts as nothing rather than as an alarm.
+
+``generation_stalled`` is a hung engine: requests are admitted but no token comes out. A
+tensor-parallel replica whose collective never returns (an NCCL hang: its GPUs read 100% busy) looks
+exactly like this for minutes before the NCCL watchdog aborts it, and its probes may still pass. It
+is the runbooks' PromQL ``rate(vllm:generation_tokens_total[..]) == 0 and vllm:num_requests_running
+> 0``, judged scrape by scrape. A counter that went down (the engine restarted) is not a stall.
 
 ``latency_regression`` compares a pod with its own recent past, not with a fixed target: a network
 delay, a slow GPU link, a throttled GPU or a bad release makes requests slower at the same load, while
@@ -63,6 +72,7 @@ RUNNING = "vllm:num_requests_running"
 PREEMPTIONS = "vllm:num_preemptions_total"
 SUCCESS = "vllm:request_success_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATED = "vllm:generation_tokens_total"
 # Latency histograms the regression rule watches: (key, metric names in order of preference).
 LATENCY_HISTOGRAMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ttft", ("vllm:time_to_first_token_seconds",)),
@@ -88,6 +98,7 @@ class PodServing:
         prompt_lengths: recent windowed mean prompt lengths, oldest first (the prompts the baseline saw).
         requests: recent windowed request counts, oldest first (the arrivals the baseline saw).
         slow_keys: the latencies (``ttft``, ``tpot``) found slow at their latest judgement.
+        generated: the last ``generation_tokens_total`` reading (the stall rule's mark).
     """
 
     counters: dict[str, CounterTrack] = field(default_factory=dict)
@@ -100,6 +111,7 @@ class PodServing:
     prompt_lengths: list[float] = field(default_factory=list)
     requests: list[float] = field(default_factory=list)
     slow_keys: list[str] = field(default_factory=list)
+    generated: float | None = None
 
 
 @dataclass
@@ -128,6 +140,7 @@ class ServingRulesState:
                     prompt_lengths=[float(v) for v in p.get("prompt_lengths", [])],
                     requests=[float(v) for v in p.get("requests", [])],
                     slow_keys=[str(k) for k in p.get("slow_keys", [])],
+                    generated=None if p.get("generated") is None else float(p["generated"]),
                 )
                 for pod, p in data.get("pods", {}).items()
             }
@@ -169,13 +182,22 @@ class ServingRuleDetector:
         latency_load_ratio: arrivals (requests per window) or a mean prompt length above this multiple
             of their baseline medians explain a slowdown (default 1.5).
         latency_min_running: running requests below which a batch never counts as bigger (default 2).
+        stall_min_running: running requests at or above which no new token is a stall (default 1).
+        stall_samples: consecutive scrapes without a new token that fire (default 3: 45 s at 15 s).
         emit_resolved: send a ``resolved`` anomaly when a condition clears (default True).
     """
 
     name: ClassVar[str] = DETECTOR_NAME
     consumes: ClassVar[type] = MetricBatch
     signals: ClassVar[frozenset[str]] = frozenset(
-        {"kv_cache_saturation", "queue_saturation", "preemption_storm", "error_rate", "latency_regression"}
+        {
+            "kv_cache_saturation",
+            "queue_saturation",
+            "preemption_storm",
+            "error_rate",
+            "latency_regression",
+            "generation_stalled",
+        }
     )
 
     kv_threshold: float = 0.95
@@ -201,6 +223,8 @@ class ServingRuleDetector:
     latency_load_ratio: float = 1.5
     latency_spread_k: float = 6.0
     latency_min_running: float = 2.0
+    stall_min_running: float = 1.0
+    stall_samples: int = 3
     emit_resolved: bool = True
 
     def initial_state(self) -> ServingRulesState:
@@ -228,6 +252,7 @@ class ServingRuleDetector:
                 *self._preemption(snap, pod),
                 *self._errors(snap, pod),
                 *self._latency(snap, pod),
+                *self._stall(snap, pod),
             ]
             labels = topology_labels(next(s[0].labels for n, s in snap.samples.items() if n.startswith("vllm:") and s))
             anomalies += findings_to_anomalies(
@@ -285,6 +310,28 @@ class ServingRuleDetector:
             "since": cond.since,
         }
         return [Finding("queue_saturation", change, ratio, self.queue_ratio, "warning", evidence)]
+
+    def _stall(self, snap: Snapshot, pod: PodServing) -> list[Finding]:
+        generated, running = snap.value(GENERATED), snap.value(RUNNING)
+        if generated is None or running is None:
+            return []
+        before, pod.generated = pod.generated, generated
+        if before is None:
+            return []  # the first reading: nothing to compare with
+        # equal, not "not above": a counter that went down is a restarted engine, which produces again
+        stalled = running >= self.stall_min_running and generated == before
+        cond = pod.conditions.setdefault("generation_stalled", Condition())
+        change = cond.update(stalled, snap.ts, self.stall_samples)
+        if change is None:
+            return []
+        evidence = {
+            "running": running,
+            "waiting": snap.value(WAITING),
+            "generation_tokens_total": generated,
+            "samples": self.stall_samples,
+            "since": cond.since,
+        }
+        return [Finding("generation_stalled", change, running, self.stall_min_running, "critical", evidence)]
 
     def _counter(self, pod: PodServing, key: str, value: float, ts: float, window_s: float) -> float:
         track = pod.counters.setdefault(key, CounterTrack())

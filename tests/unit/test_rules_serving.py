@@ -22,6 +22,7 @@ def scrape(
     length: float = 0.0,
     abort: float = 0.0,
     kv_name: str = "vllm:kv_cache_usage_perc",
+    generated: float | None = None,
 ) -> MetricBatch:
     def s(name: str, value: float, **extra: str) -> Sample:
         return Sample(name=name, labels={**BASE, **extra}, value=value, ts=ts)
@@ -36,6 +37,7 @@ def scrape(
             s("vllm:request_success_total", stop, finished_reason="stop"),
             s("vllm:request_success_total", length, finished_reason="length"),
             s("vllm:request_success_total", abort, finished_reason="abort"),
+            *(() if generated is None else (s("vllm:generation_tokens_total", generated),)),
         ),
     )
 
@@ -163,3 +165,35 @@ def test_dcgm_batches_are_ignored() -> None:
     detector = ServingRuleDetector()
     state, anomalies = detector.detect([dcgm], detector.initial_state())
     assert anomalies == [] and state.pods == {}
+
+
+def _tokens(values: list[float], running: float = 20.0) -> list[MetricBatch]:
+    return [scrape(15.0 * k, running=running, generated=v) for k, v in enumerate(values)]
+
+
+def test_a_hung_engine_admitting_requests_but_producing_no_token_is_a_stall_until_tokens_flow() -> None:
+    # an NCCL hang: requests keep running, generation_tokens_total stops rising
+    out = feed(ServingRuleDetector(), _tokens([0, 900, 1800, 1800, 1800, 1800, 1800, 2700]))
+    assert [(a.signal, a.status, a.severity, a.ts) for a in out] == [
+        ("generation_stalled", "firing", "critical", 75.0),  # the third scrape without a new token
+        ("generation_stalled", "resolved", "critical", 105.0),
+    ]
+    assert out[0].evidence["running"] == 20.0 and out[0].evidence["generation_tokens_total"] == 1800
+
+
+def test_an_idle_engine_or_one_that_restarted_is_not_stalled() -> None:
+    assert feed(ServingRuleDetector(), _tokens([500.0] * 10, running=0.0)) == []  # nothing to produce
+    # a restart resets the counter: going down is not a stall, and it produces again
+    assert feed(ServingRuleDetector(), _tokens([100, 200, 300, 0, 40, 80, 120])) == []
+
+
+def test_a_stall_streak_survives_a_restart_of_the_detector() -> None:
+    detector = ServingRuleDetector()
+    scrapes = _tokens([0, 900, 900, 900, 900])
+    state = detector.initial_state()
+    for batch in scrapes[:3]:
+        state, _ = detector.detect([batch], state)
+    restored = ServingRulesState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert restored == state
+    fired = [a for batch in scrapes[3:] for a in detector.detect([batch], restored)[1]]
+    assert [(a.signal, a.ts) for a in fired] == [("generation_stalled", 60.0)]
