@@ -270,12 +270,14 @@ def rank(
     out: list[Hypothesis] = []
     for s in top:
         if s.runbook is not None:
-            # the runbook's first playbook; when it needs a target the incident's own telemetry cannot
-            # fill, its next one that can be filled (a page is chosen only where the runbook puts it first)
-            first = s.runbook.playbooks[0]
-            if PLAYBOOK_PARAMS.get(first.name) and not fillable(first.name, evidence):
-                first = next((p for p in s.runbook.playbooks[1:] if fillable(p.name, evidence)), first)
-            s.playbook, s.level = first.name, first.level
+            # the runbook's first playbook whose `when` the firing signals meet; when it needs a target
+            # the incident's own telemetry cannot fill, its next one that can be filled (a page is
+            # chosen only where the runbook puts it first)
+            allowed = [p for p in s.runbook.playbooks if p.applies(evidence.signals)]
+            first = allowed[0] if allowed else None
+            if first is not None and PLAYBOOK_PARAMS.get(first.name) and not fillable(first.name, evidence):
+                first = next((p for p in allowed[1:] if fillable(p.name, evidence)), first)
+            s.playbook, s.level = (first.name, first.level) if first is not None else (None, None)
             s.summary = s.summary or s.runbook.title
             if not any(c.doc_id == s.runbook.id for c in s.citations):
                 s.citations.insert(0, Citation(doc_id=s.runbook.id, title=s.runbook.title, score=round(s.score, 4)))

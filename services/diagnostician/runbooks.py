@@ -75,6 +75,10 @@ class PlaybookRef(BaseModel):
         name: a playbook registry name (see :data:`PLAYBOOK_DEFAULT_LEVELS`).
         level: 1 automatic, 2 after human approval, 3 page a human; never below the default.
         params: playbook parameters, validated by the playbook itself before it runs.
+        when: anomaly signals of which at least one must be firing in the incident for this playbook to
+            be proposed; empty: always. A remedy that costs capacity (draining a replica of a throttled
+            GPU) is worth it only once users feel the fault; before that the runbook's next playbook
+            is proposed.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -82,6 +86,11 @@ class PlaybookRef(BaseModel):
     name: str
     level: int = Field(ge=1, le=3)
     params: dict[str, Any] = Field(default_factory=dict)
+    when: tuple[str, ...] = ()
+
+    def applies(self, signals: Collection[str]) -> bool:
+        """Whether the incident's firing ``signals`` allow this playbook (see ``when``)."""
+        return not self.when or any(s in signals for s in self.when)
 
     @model_validator(mode="after")
     def _known_and_not_weakened(self) -> PlaybookRef:
@@ -309,7 +318,7 @@ def load_runbooks(root: Path) -> list[Runbook]:
 
 
 def check_anomaly_signals(runbooks: Iterable[Runbook], known: Collection[str]) -> None:
-    """Fail when a runbook names an anomaly signal that nothing emits.
+    """Fail when a runbook names an anomaly signal that nothing emits (in its signals or a playbook's ``when``).
 
     Such a signal would never match, and nobody would notice: the runbook would only look weaker (its
     signal vector is longer). ``known`` is what the detectors declare (the CLI passes
@@ -322,6 +331,12 @@ def check_anomaly_signals(runbooks: Iterable[Runbook], known: Collection[str]) -
         f"{rb.path}: signals.anomalies names {signal!r}, which no detector emits"
         for rb in runbooks
         for signal in rb.signals.anomalies
+        if signal not in known
+    ] + [
+        f"{rb.path}: playbook {p.name} is proposed only when {signal!r} fires, which no detector emits"
+        for rb in runbooks
+        for p in rb.playbooks
+        for signal in p.when
         if signal not in known
     ]
     if problems:

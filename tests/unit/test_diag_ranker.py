@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
+from pipelines.detectors.registry import signal_catalog
 from services.core.events import AlertRef, IncidentEvent, Provenance
+from services.core.paths import REPO_ROOT
 from services.core.settings import Settings
 from services.diagnostician.diagnostician import RankerDiagnostician
 from services.diagnostician.ranker import RunbookIndex, rank, runbook_index, supported_level
@@ -186,3 +188,34 @@ def test_a_runbook_that_pages_first_pages_though_a_later_playbook_could_act() ->
     diagnosis = doctor.diagnose(incident(alert("ecc_sbe_rate", entity=gpu, labels=labels, sbe_per_min=31.0)))
     assert diagnosis.hypotheses[0].cause == "ecc_sbe_accumulation"
     assert (diagnosis.proposed_playbook, diagnosis.level) == ("page_oncall", 3)
+
+
+def test_a_throttled_gpu_is_drained_only_once_requests_are_slower() -> None:
+    # the thermal runbook's drain_replica has `when: [latency_regression, ...]`: a replica's capacity is
+    # worth more than its lost clock speed while nobody feels it, so the node is cordoned instead
+    doctor = RankerDiagnostician(Settings(), use_database=False)
+    gpu, pod = "GPU-477d5cce-0de5-979d-f61d-74b91d7aecaf", "llama-70b-fp16-dmgtt9pk5s-zkqd7"
+    labels = {"UUID": gpu, "Hostname": "gpu-node-000", "gpu": "0", "pod": pod, "namespace": "llm-serving"}
+    hot = alert("gpu_thermal_throttle", entity=gpu, labels=labels, sm_clock_ratio=0.6)
+    quiet = doctor.diagnose(incident(hot))
+    assert quiet.hypotheses[0].cause == "thermal_throttle"
+    assert quiet.proposed_playbook == "cordon_node" and quiet.proposed_params["node"] == "gpu-node-000"
+    slow = alert("latency_regression", entity=pod, labels={**labels, "model": "llama-70b-fp16"}, metric="tpot")
+    felt = doctor.diagnose(incident(hot, slow))
+    assert felt.hypotheses[0].cause == "thermal_throttle"
+    assert felt.proposed_playbook == "drain_replica" and felt.proposed_params["pod"] == pod
+
+
+def test_a_playbook_condition_naming_a_signal_no_detector_emits_is_refused(tmp_path) -> None:
+    from services.core.errors import ConfigError
+    from services.diagnostician.runbooks import check_anomaly_signals, load_runbook
+
+    source = (REPO_ROOT / "knowledge/runbooks/gpu/gpu-thermal-throttling.md").read_text()
+    path = tmp_path / "gpu" / "gpu-thermal-throttling.md"
+    path.parent.mkdir()
+    path.write_text(source.replace("when: [latency_regression,", "when: [latency_regresion,"))
+    with pytest.raises(ConfigError, match="drain_replica is proposed only when 'latency_regresion' fires"):
+        check_anomaly_signals([load_runbook(path)], signal_catalog())
+    check_anomaly_signals(
+        [load_runbook(REPO_ROOT / "knowledge/runbooks/gpu/gpu-thermal-throttling.md")], signal_catalog()
+    )
