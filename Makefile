@@ -4,7 +4,6 @@ SHELL := /bin/bash
 
 BASE_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
-UV_VERSION := 0.13.9
 BIN := $(VENV)/bin
 MEDIC := $(BIN)/medic
 export PYTHON := $(abspath $(BIN)/python)
@@ -20,13 +19,14 @@ help:
 	@echo "make test-unit   the unit tier alone, under a minute (no infrastructure, no shared data, no slow tests)"
 	@echo "other: install up down status migrate test-data test-integration lint lock bench clean"
 
-# One resolver run, frozen in requirements.lock (regenerate with `make lock`).
-$(VENV)/.installed: pyproject.toml requirements.lock
+# One resolver run, frozen in requirements.lock with every distribution's hash (regenerate with
+# `make lock`): a package whose file differs from the one locked is refused, not installed.
+$(VENV)/.installed: pyproject.toml requirements.lock infra/bootstrap-requirements.txt
 	@test -x $(BIN)/python || $(BASE_PYTHON) -m venv $(VENV)
 	@# a venv made by uv has no pip: bootstrap it rather than fail
 	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(BIN)/python -m ensurepip >/dev/null
-	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
-	$(BIN)/uv pip sync -q --python $(BIN)/python requirements.lock
+	$(BIN)/python -m pip install -q --require-hashes -r infra/bootstrap-requirements.txt
+	$(BIN)/uv pip sync -q --require-hashes --python $(BIN)/python requirements.lock
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 	@touch $@
 
@@ -34,7 +34,7 @@ install: $(VENV)/.installed
 	@mkdir -p $(XDG_RUNTIME_DIR) && chmod 700 $(XDG_RUNTIME_DIR)
 
 lock:
-	$(BIN)/uv pip compile -q pyproject.toml --extra dev --python-version 3.11 -o requirements.lock
+	$(BIN)/uv pip compile -q pyproject.toml --extra dev --python-version 3.11 --generate-hashes -o requirements.lock
 
 up: install
 	$(MEDIC) up
