@@ -40,6 +40,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from services.core.errors import ConfigError
 from services.core.events import FACT_TOPOLOGY, AlertRef, Citation, Hypothesis, IncidentEvent
 from services.diagnostician.documents import default_knowledge_dir
 from services.diagnostician.kb import SearchHit
@@ -151,8 +152,36 @@ def runbook_index(root: Path | None = None) -> RunbookIndex:
     folder = (root or default_knowledge_dir()).resolve() / "runbooks"
     with _INDEX_LOCK:
         if folder not in _INDEX_CACHE:
-            _INDEX_CACHE[folder] = RunbookIndex.build(load_runbooks(folder))
+            runbooks = load_runbooks(folder)
+            check_playbook_params(runbooks)
+            _INDEX_CACHE[folder] = RunbookIndex.build(runbooks)
         return _INDEX_CACHE[folder]
+
+
+def check_playbook_params(runbooks: Iterable[Runbook]) -> None:
+    """Fail when a runbook gives a playbook a parameter it does not take.
+
+    A runbook's ``params`` are merged into what a diagnosis proposes (:func:`review_action`); a key
+    the playbook does not know would be refused at execution, every time, long after the runbook was
+    written.
+
+    Raises:
+        ConfigError: one line per runbook file, playbook and unknown key.
+    """
+    catalog = playbook_catalog()
+    problems = []
+    for rb in runbooks:
+        for ref in rb.playbooks:
+            info = catalog.get(ref.name)
+            if info is None or info.playbook is None or not ref.params:
+                continue
+            known = set(info.playbook.Params.model_fields)
+            problems += [
+                f"{rb.path}: playbook {ref.name} has no parameter {key!r} (it takes: {', '.join(sorted(known))})"
+                for key in sorted(set(ref.params) - known)
+            ]
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 @dataclass
@@ -465,7 +494,7 @@ def review_action(top: Hypothesis | None, evidence: Evidence, index: RunbookInde
         return ActionReview(playbook_params(playbook, evidence), False, tuple(notes))
     if playbook in NODE_GPU_PLAYBOOKS and _gpu_fault_cause(top.cause, index) and not _trusted_gpu_fact(evidence):
         reasons.append(NO_GPU_SOURCE_NOTE)
-    params = playbook_params(playbook, evidence)
+    params = {**playbook_params(playbook, evidence), **_runbook_params(top, index)}
     info = playbook_catalog().get(playbook)
     if info is not None and not info.names_target(params):
         reasons.append(NO_TARGET_NOTE.format(playbook=playbook))
@@ -475,6 +504,13 @@ def review_action(top: Hypothesis | None, evidence: Evidence, index: RunbookInde
         if reason not in notes:
             notes.append(reason)
     return ActionReview({} if reasons else params, bool(reasons), tuple(notes))
+
+
+def _runbook_params(top: Hypothesis, index: RunbookIndex) -> dict[str, Any]:
+    """The parameters the top hypothesis's runbook gives its playbook (they win over the telemetry's)."""
+    runbook = index.by_root_cause.get(top.cause)
+    ref = next((p for p in runbook.playbooks if p.name == top.playbook), None) if runbook else None
+    return dict(ref.params) if ref is not None else {}
 
 
 def _corroborated(top: Hypothesis | None, evidence: Evidence, index: RunbookIndex) -> bool:

@@ -219,3 +219,50 @@ def test_a_playbook_condition_naming_a_signal_no_detector_emits_is_refused(tmp_p
     check_anomaly_signals(
         [load_runbook(REPO_ROOT / "knowledge/runbooks/gpu/gpu-thermal-throttling.md")], signal_catalog()
     )
+
+
+def _knowledge_with(tmp_path, runbook: str, old: str, new: str):
+    """A copy of the shipped runbooks with one edited, and its index (built fresh: a new folder)."""
+    import shutil
+
+    from services.diagnostician.ranker import runbook_index
+
+    shutil.copytree(REPO_ROOT / "knowledge" / "runbooks", tmp_path / "runbooks")
+    path = tmp_path / "runbooks" / runbook
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    return lambda: runbook_index(tmp_path)
+
+
+def test_a_runbooks_playbook_params_go_into_the_proposal(tmp_path) -> None:
+    build = _knowledge_with(
+        tmp_path,
+        "serving/serving-kv-cache-exhaustion.md",
+        "  - name: scale_replicas\n    level: 1\n",
+        "  - name: scale_replicas\n    level: 1\n    params: {by: 2}\n",
+    )
+    doctor = RankerDiagnostician(Settings(), index=build(), use_database=False)
+    pod = "llama-70b-7c9d8f6b5b-x2x4k"
+    labels = {"node": "h100-a-07", "pod": pod, "model": "llama-70b", "namespace": "serving"}
+    burst = incident(
+        alert("kv_cache_saturation", entity=pod, labels=labels, kv_cache_usage=0.99),
+        alert("preemption_storm", entity=pod, labels=labels, preemptions_in_window=40),
+        alert("queue_saturation", entity=pod, labels=labels, waiting=80, running=10),
+    )
+    kv = doctor.diagnose(burst)
+    assert kv.proposed_playbook == "scale_replicas"
+    assert kv.proposed_params == {"deployment": "llama-70b", "namespace": "serving", "by": 2}  # the runbook's 2
+
+
+def test_a_runbook_giving_a_playbook_a_parameter_it_does_not_take_is_refused(tmp_path) -> None:
+    from services.core.errors import ConfigError
+
+    build = _knowledge_with(
+        tmp_path,
+        "serving/serving-kv-cache-exhaustion.md",
+        "  - name: scale_replicas\n    level: 1\n",
+        "  - name: scale_replicas\n    level: 1\n    params: {selector: app=vllm}\n",
+    )
+    with pytest.raises(ConfigError, match="playbook scale_replicas has no parameter 'selector'"):
+        build()
