@@ -196,7 +196,8 @@ def store_diagnosis(conn: psycopg.Connection, incident: IncidentEvent, diagnosis
             )
             row = conn.execute(
                 "INSERT INTO diagnoses (incident_id, diagnostician, hypotheses, proposed_playbook, proposed_params,"
-                " level, latency_ms, notes) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                " level, latency_ms, notes, diagnosed_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, to_timestamp(%s)) RETURNING id",
                 (
                     diagnosis.incident_id,
                     diagnosis.diagnostician,
@@ -206,6 +207,8 @@ def store_diagnosis(conn: psycopg.Connection, incident: IncidentEvent, diagnosis
                     diagnosis.level,
                     diagnosis.latency_ms,
                     list(diagnosis.notes),
+                    # event time, for the report's timeline (created_at is the database's wall time)
+                    diagnosis.ts,
                 ),
             ).fetchone()
         if not conn.autocommit:

@@ -7,7 +7,8 @@ as the one that wrote it (``updated_at`` / ``last_seen_at``), so a replay after 
 which re-sends older versions of an incident, changes nothing.
 
 Column meanings for alerts: ``starts_at`` is the alert's start, ``last_seen_at`` the time of the
-incident version that last carried it, ``ends_at`` that time when the alert was resolved in it.
+incident version that last carried it, ``ends_at`` the time of the first version in which it was resolved
+(a later version that still carries it resolved keeps that time; one in which it fires again clears it).
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ ON CONFLICT (incident_id, fingerprint) DO UPDATE SET
     provenance = EXCLUDED.provenance,
     starts_at = EXCLUDED.starts_at,
     last_seen_at = EXCLUDED.last_seen_at,
-    ends_at = EXCLUDED.ends_at
+    -- a later version that still carries the resolved alert keeps the time it resolved at
+    ends_at = CASE WHEN EXCLUDED.ends_at IS NULL THEN NULL ELSE COALESCE(alerts.ends_at, EXCLUDED.ends_at) END
 WHERE alerts.last_seen_at <= EXCLUDED.last_seen_at
 """
 
