@@ -68,7 +68,7 @@ class Mark:
     """A vertical mark on the plots (an action, the mitigation, the resolution)."""
 
     at: float
-    kind: str  # action | rollback | mitigated | resolved | opened
+    kind: str  # action | rollback | other (another incident's action) | mitigated | resolved
     label: str
 
 
@@ -302,6 +302,7 @@ _KIND_ORDER = {
     "verification": 6,
     "rollback": 6,
     "run": 7,
+    "other incident": 7,
 }
 
 
@@ -353,6 +354,18 @@ def timeline(facts: IncidentFacts) -> list[Entry]:
         out.append(Entry(d.at, "diagnosis", text, Source("diagnoses", str(d.id)), actor=d.diagnostician))
     for rf in facts.runs:
         out.extend(_run_entries(rf))
+    for rf in related_runs(facts):
+        for step in rf.steps:
+            if step.kind in ("action", "rollback") and step.status != "skipped" and step.started_at is not None:
+                out.append(
+                    Entry(
+                        step.started_at,
+                        "other incident",
+                        f"Another incident's remediation ({rf.run.incident_id}, {rf.run.playbook}):"
+                        f" {step.kind} {step.name}: {step.status}",
+                        Source("remediation_steps", step.step_id),
+                    )
+                )
     out.sort(key=lambda e: (e.at, _KIND_ORDER.get(e.kind, 99)))
     return out
 
@@ -409,6 +422,28 @@ def _step_entries(playbook: str, step: StepRow) -> list[Entry]:
     return [Entry(step.started_at or 0.0, kind, f"{label} {step.name}: {step.status}{said}", src)]
 
 
+def related_runs(facts: IncidentFacts) -> list[RunFacts]:
+    """Other incidents' runs that acted on what this incident names: one of its nodes, pods or GPUs, or a pod or
+    the Deployment of one of its models. Their actions show in this incident's telemetry (a replica drained by
+    another incident's run is a dip in this model's pods), so the report lists them apart from its own."""
+    names = affected(facts)
+    nodes, pods, gpus = set(names["nodes"]), set(names["pods"]), set(names["gpus"])
+    models = names["models"]
+    out: list[RunFacts] = []
+    for rf in facts.nearby:
+        t = rf.run.targets
+        touches = (
+            nodes & set(t.nodes)
+            or pods & set(t.pods)
+            or gpus & set(t.gpus)
+            or (t.deployment and t.deployment in models)
+            or any(p.startswith(f"{m}-") for p in t.pods for m in models)
+        )
+        if touches and any(s.kind in ("action", "rollback") and s.status != "skipped" for s in rf.steps):
+            out.append(rf)
+    return out
+
+
 def marks(facts: IncidentFacts) -> list[Mark]:
     """The actions carried out, the mitigation and the resolution, for the plots' vertical lines."""
     out: list[Mark] = []
@@ -416,6 +451,10 @@ def marks(facts: IncidentFacts) -> list[Mark]:
         for s in rf.steps:
             if s.kind in ("action", "rollback") and s.status not in ("skipped",) and s.started_at is not None:
                 out.append(Mark(s.started_at, "rollback" if s.kind == "rollback" else "action", s.name))
+    for rf in related_runs(facts):
+        for s in rf.steps:
+            if s.kind in ("action", "rollback") and s.status != "skipped" and s.started_at is not None:
+                out.append(Mark(s.started_at, "other", f"{s.name} (other incident)"))
     inc = facts.incident
     if inc.mitigated_at is not None:
         out.append(Mark(inc.mitigated_at.timestamp(), "mitigated", "mitigated"))
@@ -704,7 +743,31 @@ def _actions(facts: IncidentFacts, t0: float, missing: list[str]) -> Section:
             )
         else:
             blocks.append(Note("No step of this run is stored (it never started)."))
+    blocks.extend(_related(facts))
     return Section("Actions", tuple(blocks))
+
+
+def _related(facts: IncidentFacts) -> list[Any]:
+    others = related_runs(facts)
+    if not others:
+        return []
+    items = []
+    for rf in others:
+        run = rf.run
+        acted = [s for s in rf.steps if s.kind in ("action", "rollback") and s.status != "skipped"]
+        named = ", ".join([*run.targets.nodes, *run.targets.pods, *(short(g) for g in run.targets.gpus)]) or "—"
+        when = f"{clock(acted[0].started_at)}" if acted and acted[0].started_at is not None else "—"
+        items.append(
+            f"{run.playbook} on {named} for incident `{run.incident_id}`, from {when}: {run.status}"
+            f" ({', '.join(dict.fromkeys(s.name for s in acted))})."
+        )
+    return [
+        Para(
+            "**Other incidents' remediation** on the same nodes, pods or models while this one was open"
+            " (grey on the plots; not this incident's actions):"
+        ),
+        Bullets(tuple(items)),
+    ]
 
 
 def _impact(facts: IncidentFacts, t0: float, telemetry: Telemetry | None, missing: list[str]) -> Section:

@@ -77,6 +77,9 @@ class IncidentFacts:
         anomalies: the history rows of its alerts' fingerprints, oldest first.
         diagnoses: oldest first.
         runs: oldest first.
+        nearby: other incidents' runs created while this one was open (give or take the report's margins),
+            oldest first: the report keeps those that touched the same nodes, pods, GPUs or models, since
+            their actions show in this incident's telemetry too.
         truncated: which lists hit their bound (the report says so).
     """
 
@@ -84,6 +87,7 @@ class IncidentFacts:
     anomalies: tuple[AnomalyRow, ...] = ()
     diagnoses: tuple[DiagnosisFact, ...] = ()
     runs: tuple[RunFacts, ...] = ()
+    nearby: tuple[RunFacts, ...] = ()
     truncated: tuple[str, ...] = field(default=())
 
     @property
@@ -121,25 +125,26 @@ def load_facts(settings: Settings, incident_id: str) -> IncidentFacts:
                 (incident_id, RUNS_PER_INCIDENT),
             ).fetchall()
         ]
+        end = incident.resolved_at or incident.updated_at
+        nearby_ids = [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT run_id FROM remediation_runs WHERE incident_id <> %s"
+                " AND created_at BETWEEN %s - interval '10 minutes' AND %s + interval '5 minutes'"
+                " ORDER BY created_at, run_id LIMIT %s",
+                (incident_id, incident.opened_at, end, RUNS_PER_INCIDENT),
+            ).fetchall()
+        ]
         conn.rollback()
     if len(run_ids) >= RUNS_PER_INCIDENT:
         truncated.append(f"remediation runs (the first {RUNS_PER_INCIDENT})")
     runs: list[RunFacts] = []
-    if run_ids:
+    nearby: list[RunFacts] = []
+    if run_ids or nearby_ids:
         store = RunStore(settings)
         try:
-            for run_id in run_ids:
-                run = store.get_run(run_id)
-                if run is None:  # deleted between the two reads
-                    continue
-                runs.append(
-                    RunFacts(
-                        run=run,
-                        steps=tuple(store.steps(run_id)),
-                        approval=store.get_approval(run_id),
-                        audit=tuple(store.audit_log(run_id)),
-                    )
-                )
+            runs = _runs(store, run_ids)
+            nearby = _runs(store, nearby_ids, audit=False)
         finally:
             store.close()
     anomalies.sort(key=lambda a: (a.ts, a.fingerprint))
@@ -148,8 +153,26 @@ def load_facts(settings: Settings, incident_id: str) -> IncidentFacts:
         anomalies=tuple(anomalies),
         diagnoses=tuple(diagnoses),
         runs=tuple(runs),
+        nearby=tuple(nearby),
         truncated=tuple(truncated),
     )
+
+
+def _runs(store: RunStore, run_ids: list[str], *, audit: bool = True) -> list[RunFacts]:
+    out: list[RunFacts] = []
+    for run_id in run_ids:
+        run = store.get_run(run_id)
+        if run is None:  # deleted between the two reads
+            continue
+        out.append(
+            RunFacts(
+                run=run,
+                steps=tuple(store.steps(run_id)),
+                approval=store.get_approval(run_id),
+                audit=tuple(store.audit_log(run_id)) if audit else (),
+            )
+        )
+    return out
 
 
 def _diagnoses(conn: Any, incident_id: str) -> list[DiagnosisFact]:

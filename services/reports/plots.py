@@ -53,6 +53,7 @@ SEVERITY_COLOURS = {"critical": "#c0392b", "warning": "#e67e22", "info": "#2e86c
 MARK_STYLES: dict[str, dict[str, Any]] = {
     "action": {"color": "#34495e", "linestyle": "--", "linewidth": 1.0},
     "rollback": {"color": "#8e44ad", "linestyle": "--", "linewidth": 1.0},
+    "other": {"color": "#95a5a6", "linestyle": ":", "linewidth": 1.2},
     "mitigated": {"color": "#27ae60", "linestyle": "--", "linewidth": 1.6},
     "resolved": {"color": "#27ae60", "linestyle": "-", "linewidth": 1.6},
     "t0": {"color": "#c0392b", "linestyle": ":", "linewidth": 1.4},
@@ -177,6 +178,7 @@ def _legend(fig: Any) -> None:
     handles = [
         Line2D([], [], **MARK_STYLES["t0"], label="T0: first anomalous sample"),
         Line2D([], [], **MARK_STYLES["action"], label="action"),
+        Line2D([], [], **MARK_STYLES["other"], label="another incident's action"),
         Line2D([], [], **MARK_STYLES["mitigated"], label="mitigated"),
         Line2D([], [], **MARK_STYLES["resolved"], label="resolved"),
         Line2D([], [], marker="v", color="black", linestyle="none", markersize=6, label="anomaly fired"),
@@ -191,7 +193,7 @@ def _legend(fig: Any) -> None:
             label="anomaly resolved",
         ),
     ]
-    fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=7, frameon=False, bbox_to_anchor=(0.55, 0.0))
+    fig.legend(handles=handles, loc="lower center", ncol=7, fontsize=7, frameon=False, bbox_to_anchor=(0.55, 0.0))
 
 
 def _png(fig: Any) -> bytes:
@@ -270,7 +272,7 @@ def _signals(ctx: _Context) -> Figure:
     caption = (
         "Each alert from its start to its end (red critical, orange warning), its stored anomaly occurrences"
         " (▼ fired, ○ resolved); dashed lines are the actions carried out, green the mitigation (dashed) and"
-        " the resolution (solid)."
+        " the resolution (solid), grey dotted another incident's action on the same node, pods or model."
     )
     return Figure("signals.png", "Alerts and actions", caption, _png(fig))
 

@@ -272,3 +272,39 @@ def test_durations_read_as_a_person_would_say_them() -> None:
         "1 h 02 min",
         "—",
     ]
+
+
+def test_another_incidents_action_on_the_same_model_is_shown_apart_and_an_unrelated_one_not_at_all() -> None:
+    pod = "llama-8b-fp16-abcde12345-xyz12"
+    sibling = run_facts("succeeded")
+    sibling_run = sibling.run.model_copy(
+        update={
+            "run_id": "run-2",
+            "incident_id": "inc-2",
+            "playbook": "drain_replica",
+            "targets": Targets(pods=("llama-8b-fp16-abcde12345-new01",)),
+        }
+    )
+    unrelated_run = sibling.run.model_copy(
+        update={"run_id": "run-3", "incident_id": "inc-3", "targets": Targets(nodes=("gpu-node-009",))}
+    )
+    steps = tuple(s.model_copy(update={"step_id": s.step_id.replace("run-1", "run-2")}) for s in sibling.steps)
+    facts = IncidentFacts(
+        incident=incident(alert("pod_crashloop", pod, start=0, end=700, pod=pod, model="llama-8b-fp16")),
+        nearby=(
+            RunFacts(run=sibling_run, steps=steps, approval=None, audit=()),
+            RunFacts(run=unrelated_run, steps=sibling.steps, approval=None, audit=()),
+        ),
+    )
+    report = build_report(facts, telemetry=None)
+    others = [e for e in report.timeline if e.kind == "other incident"]
+    assert [e.text for e in others] == [
+        "Another incident's remediation (inc-2, drain_replica): action drain: succeeded",
+        "Another incident's remediation (inc-2, drain_replica): rollback uncordon: succeeded",
+    ]
+    assert all(e.source.key.startswith("run-2:") for e in others)
+    assert [m.label for m in report.marks if m.kind == "other"] == [
+        "drain (other incident)",
+        "uncordon (other incident)",
+    ]
+    assert not any(m.kind == "action" for m in report.marks), "another incident's actions are not this one's"
