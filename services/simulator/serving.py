@@ -20,13 +20,16 @@ into Prometheus histograms at scrape time by spreading each interval's mean over
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import ndtr
 
 from services.simulator.cluster import Cluster
+from services.simulator.scalar import KernelError, derive_slot_loop
 from services.simulator.specs import CONTEXTS
 
 # Context classes requests are routed by: total tokens must fit the replica's max_model_len.
@@ -40,7 +43,7 @@ E2E_BUCKETS = np.array([0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 1
 _SIGMA = {"ttft": 0.6, "tpot": 0.25, "e2e": 0.5}
 
 # Per-slot floats a step reads and writes (queue, batch, latency state, counters, interval sums), in
-# the order Serving._step_few unpacks them ...
+# the order of slot_step's parameters (checked below) ...
 _STEP_ROWS: tuple[str, ...] = (
     "wait_n",
     "wait_p",
@@ -127,6 +130,161 @@ def _sparse_pairwise_sum(items: list[tuple[int, float]], start: int, n: int) -> 
     return _sparse_pairwise_sum([x for x in items if x[0] < cut], start, half) + _sparse_pairwise_sum(
         [x for x in items if x[0] >= cut], cut, n - half
     )
+
+
+# The per-slot sums slot_step returns after the new _STEP_ROWS, in this order (StepStats takes them).
+_STEP_SUMS: tuple[str, ...] = ("abort", "done", "admit_ttft", "admit", "done_e2e", "gen")
+
+
+def slot_step(
+    wait_n: np.ndarray,
+    wait_p: np.ndarray,
+    wait_o: np.ndarray,
+    run_n: np.ndarray,
+    run_ctx: np.ndarray,
+    run_o: np.ndarray,
+    admit_ema: np.ndarray,
+    ttft_ema: np.ndarray,
+    tpot_last: np.ndarray,
+    busy: np.ndarray,
+    kv_usage: np.ndarray,
+    prompt_tokens: np.ndarray,
+    gen_tokens: np.ndarray,
+    ok_stop: np.ndarray,
+    ok_length: np.ndarray,
+    aborted: np.ndarray,
+    preemptions: np.ndarray,
+    interval_prompt: np.ndarray,
+    interval_gen: np.ndarray,
+    iv_ttft_sum: np.ndarray,
+    iv_ttft_count: np.ndarray,
+    iv_tpot_sum: np.ndarray,
+    iv_tpot_count: np.ndarray,
+    iv_e2e_sum: np.ndarray,
+    iv_e2e_count: np.ndarray,
+    arr_n: np.ndarray,
+    arr_p: np.ndarray,
+    arr_o: np.ndarray,
+    max_seqs: np.ndarray,
+    kv_cap: np.ndarray,
+    prefill_rate: np.ndarray,
+    dec_base: np.ndarray,
+    dec_tok: np.ndarray,
+    lat_factor: np.ndarray,
+    extra_latency: np.ndarray,
+    srv: np.ndarray,
+    speed: np.ndarray,
+    *,
+    dt: float,
+    timeout: float,
+    abort_share: float,
+    min_tpot_den: float,
+) -> tuple[np.ndarray, ...]:
+    """One serving step of every slot (the model of the module docstring), as numpy over arrays.
+
+    The one place the step's arithmetic is written: :meth:`Serving._step_all` calls it on every slot's
+    row of ``Serving._rows``, and the small-cluster step runs the Python-float loop derived from this
+    code (:func:`services.simulator.scalar.derive_slot_loop`, which states the rules the body keeps:
+    single-name assignments, ``np.where``/``maximum``/``minimum``/``clip`` only, no ``+=``).
+
+    Args:
+        wait_n ... extra_latency: the slots' rows, in ``_STEP_ROWS`` + ``_INPUT_ROWS`` order (``arr_n``
+            with the fail-fast slots' arrivals already taken out).
+        srv: whether each slot's replica serves (Ready, engine alive, node Ready).
+        speed: per-slot multiplier of step time (>= 1 is slower).
+        dt: step length (s).
+        timeout: the client timeout (s).
+        abort_share: share of the queue beyond the timeout that aborts in the step (``min(1, 0.1 dt)``).
+        min_tpot_den: the least decode time a TPOT estimate divides by (``0.05 dt``).
+
+    Returns:
+        The new ``_STEP_ROWS`` values, then the per-slot terms of ``_STEP_SUMS``.
+    """
+    tot = wait_n + arr_n
+    safe = np.maximum(tot, 1e-9)
+    wait_p = np.where(tot > 0, (wait_n * wait_p + arr_p) / safe, wait_p)
+    wait_o = np.where(tot > 0, (wait_n * wait_o + arr_o) / safe, wait_o)
+    carried = wait_n
+    wait_n = tot
+    spd = speed * lat_factor
+    prefill = np.where(srv, prefill_rate / np.maximum(spd, 1e-9), 0.0)
+    p = np.maximum(wait_p, 1.0)
+    kv_room = np.maximum(0.0, kv_cap * 0.99 - run_n * run_ctx)  # vLLM's 1% watermark
+    seq_room = np.maximum(0.0, max_seqs - run_n)
+    admit = np.where(srv, np.minimum.reduce([wait_n, seq_room, kv_room / p, prefill * dt * 0.9 / p]), 0.0)
+    prefill_time = np.where(admit > 0, admit * p / np.maximum(prefill, 1e-9), 0.0)
+    new_ctx = p + wait_o * 0.5
+    run_tot = run_n + admit
+    rsafe = np.maximum(run_tot, 1e-9)
+    run_ctx = np.where(run_tot > 0, (run_n * run_ctx + admit * new_ctx) / rsafe, run_ctx)
+    run_o = np.where(run_tot > 0, (run_n * run_o + admit * wait_o) / rsafe, run_o)
+    run_n = run_tot
+    wait_n = wait_n - admit
+    decode_avail = np.maximum(0.0, dt - prefill_time)
+    ts = (dec_base + dec_tok * run_n * run_ctx) * spd
+    tok_per_seq = np.where(srv & (run_n > 0), decode_avail / np.maximum(ts, 1e-9), 0.0)
+    gen = run_n * tok_per_seq
+    done = np.minimum(run_n, gen / np.maximum(run_o, 1.0))
+    run_n = run_n - done
+    # Decoding grows every sequence's KV footprint; past the pool size vLLM preempts (recompute).
+    over = run_n * run_ctx - kv_cap
+    pre = np.where(srv & (over > 0), over / np.maximum(run_ctx, 1.0), 0.0)
+    # Lengths vary around the fluid mean: within 5% of a full pool some sequence always needs a
+    # block that is not there, so a small share of the batch is preempted every step.
+    usage = run_n * run_ctx / np.maximum(kv_cap, 1.0)
+    pre = pre + np.where(srv, run_n * 0.02 * np.clip((usage - 0.95) / 0.05, 0.0, 1.0), 0.0)
+    pre = np.minimum(pre, run_n)
+    run_n = run_n - pre
+    wait_n = wait_n + pre
+    preemptions = preemptions + pre
+    kv_usage = np.where(kv_cap > 0, np.minimum(1.0, run_n * run_ctx / np.maximum(kv_cap, 1.0)), 0.0)
+    # Latency estimates for this step's cohorts.
+    admit_ema = 0.8 * admit_ema + 0.2 * admit / dt
+    # Queue wait by Little's law at the faster of the recent and the current admission rate (an
+    # idle replica's near-zero average would otherwise turn one queued request into a minute).
+    q_wait = np.minimum(timeout, carried / np.maximum(np.maximum(admit_ema, admit / dt), 1e-3))
+    ttft = q_wait + 0.5 * prefill_time + p / np.maximum(prefill, 1e-9) + ts + extra_latency
+    ttft_ema = np.where(admit > 0, 0.7 * ttft_ema + 0.3 * ttft, ttft_ema)
+    tpot = ts * dt / np.maximum(decode_avail, min_tpot_den)
+    tpot_last = np.where(gen > 0, tpot, tpot_last)
+    e2e = ttft_ema + run_o * tpot + extra_latency
+    # Clients give up on requests that would wait past their timeout.
+    excess = np.maximum(0.0, wait_n - admit_ema * timeout)
+    abort = excess * abort_share
+    wait_n = wait_n - abort
+    aborted = aborted + abort
+    # counters
+    admitted_tokens = admit * p
+    prompt_tokens = prompt_tokens + admitted_tokens
+    gen_tokens = gen_tokens + gen
+    interval_prompt = interval_prompt + admitted_tokens
+    interval_gen = interval_gen + gen
+    ok_stop = ok_stop + done * 0.92
+    ok_length = ok_length + done * 0.08
+    admit_ttft = admit * ttft
+    done_e2e = done * e2e
+    iv_ttft_sum = iv_ttft_sum + admit_ttft
+    iv_ttft_count = iv_ttft_count + admit
+    iv_tpot_sum = iv_tpot_sum + gen * tpot
+    iv_tpot_count = iv_tpot_count + gen
+    iv_e2e_sum = iv_e2e_sum + done_e2e
+    iv_e2e_count = iv_e2e_count + done
+    decoding = np.where(run_n > 0, decode_avail * np.minimum(1.0, 0.6 + run_n / 32), 0.0)
+    busy = np.where(srv, np.minimum(1.0, (prefill_time + decoding) / dt), 0.0)
+    return (
+        wait_n, wait_p, wait_o, run_n, run_ctx, run_o, admit_ema, ttft_ema, tpot_last, busy, kv_usage,
+        prompt_tokens, gen_tokens, ok_stop, ok_length, aborted, preemptions, interval_prompt, interval_gen,
+        iv_ttft_sum, iv_ttft_count, iv_tpot_sum, iv_tpot_count, iv_e2e_sum, iv_e2e_count,
+        abort, done, admit_ttft, admit, done_e2e, gen,
+    )  # fmt: skip
+
+
+if [*inspect.signature(slot_step).parameters][: len(_STEP_ROWS) + len(_INPUT_ROWS)] != [*_STEP_ROWS, *_INPUT_ROWS]:
+    raise KernelError("slot_step's parameters must be _STEP_ROWS + _INPUT_ROWS, in that order")
+# The two forms of the step, called with Serving._rows spread: the kernel over arrays, and the
+# small-cluster loop over Python floats derived from it (scalar.loop_source shows its code).
+_SLOT_STEP_ARRAYS: Callable[..., tuple[np.ndarray, ...]] = slot_step
+_SLOT_STEP_FLOATS = derive_slot_loop(slot_step, n_columns=len(_STEP_ROWS) + len(_INPUT_ROWS))
 
 
 @dataclass
@@ -405,11 +563,12 @@ class Serving:
     def step(self, dt: float, arrivals: ClassArrivals, speed: np.ndarray) -> StepStats:
         """Advance every replica by ``dt`` seconds.
 
-        Two implementations of the same arithmetic: numpy over every slot (``_step_all``), and plain
-        Python floats over the occupied slots (``_step_few``) while there are at most
-        ``few_max_pods`` pods, where numpy's per-call overhead would dominate. Both do the same
-        IEEE-754 operations in the same order per slot, and sum like numpy does, so their results
-        are identical to the bit (tests/unit/test_sim_core.py runs a scenario both ways).
+        The arithmetic is written once, in :func:`slot_step` (numpy over arrays), and run two ways:
+        over every slot (``_step_all``), and, while there are at most ``few_max_pods`` pods, where
+        numpy's per-call overhead would dominate, as the Python-float loop derived from it over the
+        occupied slots (``_step_few``). The derived loop does the same IEEE-754 operations in the same
+        order per slot, and sums like numpy does, so the results are identical to the bit
+        (tests/unit/test_sim_core.py runs scenarios both ways).
 
         Args:
             dt: step length in seconds.
@@ -434,106 +593,18 @@ class Serving:
         return stats
 
     def _step_all(self, dt: float, speed: np.ndarray, stats: StepStats) -> None:
-        """The step as numpy operations over every slot (the model as written in the module docstring)."""
+        """The step as numpy over every slot: :func:`slot_step` on the rows of ``_rows``, written back in place."""
         # engine-dead pods answer 500 at once
         ff = self.fail_fast & (self.arr_n > 0)
+        lost = None
         if ff.any():
             lost = float(self.arr_n[ff].sum())
-            stats.errors += lost
-            self.router_errors += lost
             self.arr_n[ff] = 0.0
-        a = self.arr_n
-        tot = self.wait_n + a
-        safe = np.maximum(tot, 1e-9)
-        self.wait_p[:] = np.where(tot > 0, (self.wait_n * self.wait_p + self.arr_p) / safe, self.wait_p)
-        self.wait_o[:] = np.where(tot > 0, (self.wait_n * self.wait_o + self.arr_o) / safe, self.wait_o)
-        carried = self.wait_n.copy()
-        self.wait_n[:] = tot
-        srv = self.serving
-        spd = speed * self.lat_factor
-        prefill = np.where(srv, self.prefill_rate / np.maximum(spd, 1e-9), 0.0)
-        p = np.maximum(self.wait_p, 1.0)
-        kv_room = np.maximum(0.0, self.kv_cap * 0.99 - self.run_n * self.run_ctx)  # vLLM's 1% watermark
-        seq_room = np.maximum(0.0, self.max_seqs - self.run_n)
-        admit = np.minimum.reduce([self.wait_n, seq_room, kv_room / p, prefill * dt * 0.9 / p])
-        admit = np.where(srv, admit, 0.0)
-        prefill_time = np.where(admit > 0, admit * p / np.maximum(prefill, 1e-9), 0.0)
-        new_ctx = p + self.wait_o * 0.5
-        run_tot = self.run_n + admit
-        rsafe = np.maximum(run_tot, 1e-9)
-        self.run_ctx[:] = np.where(run_tot > 0, (self.run_n * self.run_ctx + admit * new_ctx) / rsafe, self.run_ctx)
-        self.run_o[:] = np.where(run_tot > 0, (self.run_n * self.run_o + admit * self.wait_o) / rsafe, self.run_o)
-        self.run_n[:] = run_tot
-        self.wait_n -= admit
-        decode_avail = np.maximum(0.0, dt - prefill_time)
-        ts = (self.dec_base + self.dec_tok * self.run_n * self.run_ctx) * spd
-        tok_per_seq = np.where(srv & (self.run_n > 0), decode_avail / np.maximum(ts, 1e-9), 0.0)
-        gen = self.run_n * tok_per_seq
-        done = np.minimum(self.run_n, gen / np.maximum(self.run_o, 1.0))
-        self.run_n -= done
-        # Decoding grows every sequence's KV footprint; past the pool size vLLM preempts (recompute).
-        over = self.run_n * self.run_ctx - self.kv_cap
-        pre = np.where(srv & (over > 0), over / np.maximum(self.run_ctx, 1.0), 0.0)
-        # Lengths vary around the fluid mean: within 5% of a full pool some sequence always needs a
-        # block that is not there, so a small share of the batch is preempted every step.
-        usage = self.run_n * self.run_ctx / np.maximum(self.kv_cap, 1.0)
-        pre += np.where(srv, self.run_n * 0.02 * np.clip((usage - 0.95) / 0.05, 0.0, 1.0), 0.0)
-        pre = np.minimum(pre, self.run_n)
-        self.run_n -= pre
-        self.wait_n += pre
-        self.preemptions += pre
-        self.kv_usage[:] = np.where(
-            self.kv_cap > 0, np.minimum(1.0, self.run_n * self.run_ctx / np.maximum(self.kv_cap, 1.0)), 0.0
-        )
-        # Latency estimates for this step's cohorts.
-        self.admit_ema[:] = 0.8 * self.admit_ema + 0.2 * admit / dt
-        # Queue wait by Little's law at the faster of the recent and the current admission rate (an
-        # idle replica's near-zero average would otherwise turn one queued request into a minute).
-        q_wait = np.minimum(self.timeout, carried / np.maximum(np.maximum(self.admit_ema, admit / dt), 1e-3))
-        ttft = q_wait + 0.5 * prefill_time + p / np.maximum(prefill, 1e-9) + ts + self.extra_latency
-        self.ttft_ema[:] = np.where(admit > 0, 0.7 * self.ttft_ema + 0.3 * ttft, self.ttft_ema)
-        tpot = ts * dt / np.maximum(decode_avail, 0.05 * dt)
-        self.tpot_last[:] = np.where(gen > 0, tpot, self.tpot_last)
-        e2e = self.ttft_ema + self.run_o * tpot + self.extra_latency
-        # Clients give up on requests that would wait past their timeout.
-        excess = np.maximum(0.0, self.wait_n - self.admit_ema * self.timeout)
-        abort = excess * min(1.0, 0.1 * dt)
-        self.wait_n -= abort
-        self.aborted += abort
-        # counters
-        self.prompt_tokens += admit * p
-        self.gen_tokens += gen
-        self.interval_prompt += admit * p
-        self.interval_gen += gen
-        self.ok_stop += done * 0.92
-        self.ok_length += done * 0.08
-        s, c = self.iv["ttft"]
-        s += admit * ttft
-        c += admit
-        s, c = self.iv["tpot"]
-        s += gen * tpot
-        c += gen
-        s, c = self.iv["e2e"]
-        s += done * e2e
-        c += done
-        self.busy[:] = np.where(
-            srv,
-            np.minimum(
-                1.0, (prefill_time + (self.run_n > 0) * decode_avail * np.minimum(1.0, 0.6 + self.run_n / 32)) / dt
-            ),
-            0.0,
-        )
-        total_abort = float(abort.sum())
-        n_done = float(done.sum())
-        stats.errors += total_abort
-        stats.completions += n_done
-        self.router_errors += total_abort
-        self.router_ok += n_done
-        stats.ttft_sum += float((admit * ttft).sum())
-        stats.ttft_n += float(admit.sum())
-        stats.e2e_sum += float((done * e2e).sum())
-        stats.e2e_n += n_done
-        stats.gen_tokens += float(gen.sum())
+        out = _SLOT_STEP_ARRAYS(*self._rows, self.serving, speed, **self._shared(dt))
+        nrows = len(_STEP_ROWS)
+        for row, value in zip(self._rows[:nrows], out[:nrows], strict=True):
+            row[:] = value
+        self._account(stats, lost, [float(term.sum()) for term in out[nrows:]])
 
     def _few_slots(self) -> tuple[list[int], np.ndarray, list[bool], list[bool]]:
         """The occupied slots (sorted, as a list and an index array) with their serving and fail-fast flags.
@@ -553,182 +624,54 @@ class Serving:
         return self._few
 
     def _step_few(self, dt: float, speed: np.ndarray, stats: StepStats) -> None:
-        """The step of ``_step_all`` slot by slot in Python floats, for clusters with a few pods.
+        """The step slot by slot in Python floats over the occupied slots, for clusters with a few pods.
 
-        Every line mirrors one of ``_step_all`` (same operations, same order, numpy's choice in
-        ``np.where``/``np.maximum``/``np.minimum``), so the results are the same bits; change both
-        together. Stats are summed with numpy's pairwise order over all slots (``_sparse_pairwise_sum``).
+        The loop is :data:`_SLOT_STEP_FLOATS`, derived from :func:`slot_step` (services/simulator/scalar.py),
+        so it computes the same bits. Stats are summed in numpy's pairwise order over all slots
+        (``_sparse_pairwise_sum``), as ``_step_all``'s ``sum()`` adds them.
         """
         slots, idx, srv_of, ff_of = self._few_slots()
         if not slots:
             return
-        nrows = len(_STEP_ROWS)
         cols = self._rows[:, idx].T.tolist()
-        speeds = speed[idx].tolist()
-        timeout = self.timeout
-        abort_share = min(1.0, 0.1 * dt)
-        min_tpot_den = 0.05 * dt
-        out: list[list[float]] = []
         ff_lost: list[float] = []
         ff_slots: list[int] = []
-        s_abort: list[tuple[int, float]] = []
-        s_done: list[tuple[int, float]] = []
-        s_ttft: list[tuple[int, float]] = []
-        s_admit: list[tuple[int, float]] = []
-        s_e2e: list[tuple[int, float]] = []
-        s_gen: list[tuple[int, float]] = []
-        for slot, col, srv, ff, spd_in in zip(slots, cols, srv_of, ff_of, speeds, strict=True):
-            (
-                wait_n, wait_p, wait_o, run_n, run_ctx, run_o, admit_ema, ttft_ema, tpot_last, busy, kv_usage,
-                prompt_tokens, gen_tokens, ok_stop, ok_length, aborted, preemptions, interval_prompt, interval_gen,
-                ttft_s, ttft_c, tpot_s, tpot_c, e2e_s, e2e_c,
-                a, arr_p, arr_o, max_seqs, kv_cap, prefill_rate, dec_base, dec_tok, lat_factor, extra_latency,
-            ) = col  # fmt: skip
-            # engine-dead pods answer 500 at once
-            if ff and a > 0:
-                ff_lost.append(a)
+        for slot, col, ff in zip(slots, cols, ff_of, strict=True):
+            if ff and col[_ARR_ROW] > 0:  # engine-dead pods answer 500 at once
+                ff_lost.append(col[_ARR_ROW])
                 ff_slots.append(slot)
-                a = 0.0
-            tot = wait_n + a
-            if tot > 0:
-                safe = tot if tot >= 1e-9 else 1e-9
-                wait_p = (wait_n * wait_p + arr_p) / safe
-                wait_o = (wait_n * wait_o + arr_o) / safe
-            carried = wait_n
-            wait_n = tot
-            spd = spd_in * lat_factor
-            if srv:
-                prefill = prefill_rate / (spd if spd >= 1e-9 else 1e-9)
-            else:
-                prefill = 0.0
-            p = wait_p if wait_p >= 1.0 else 1.0
-            if srv:
-                kv_room = kv_cap * 0.99 - run_n * run_ctx
-                kv_room = 0.0 if 0.0 >= kv_room else kv_room
-                seq_room = max_seqs - run_n
-                seq_room = 0.0 if 0.0 >= seq_room else seq_room
-                admit = wait_n if wait_n <= seq_room else seq_room
-                x = kv_room / p
-                admit = admit if admit <= x else x
-                x = prefill * dt * 0.9 / p
-                admit = admit if admit <= x else x
-            else:
-                admit = 0.0
-            if admit > 0:
-                prefill_time = admit * p / (prefill if prefill >= 1e-9 else 1e-9)
-            else:
-                prefill_time = 0.0
-            new_ctx = p + wait_o * 0.5
-            run_tot = run_n + admit
-            if run_tot > 0:
-                rsafe = run_tot if run_tot >= 1e-9 else 1e-9
-                run_ctx = (run_n * run_ctx + admit * new_ctx) / rsafe
-                run_o = (run_n * run_o + admit * wait_o) / rsafe
-            run_n = run_tot
-            wait_n = wait_n - admit
-            decode_avail = dt - prefill_time
-            decode_avail = 0.0 if 0.0 >= decode_avail else decode_avail
-            ts = (dec_base + dec_tok * run_n * run_ctx) * spd
-            if srv and run_n > 0:
-                tok_per_seq = decode_avail / (ts if ts >= 1e-9 else 1e-9)
-            else:
-                tok_per_seq = 0.0
-            gen = run_n * tok_per_seq
-            done = gen / (run_o if run_o >= 1.0 else 1.0)
-            done = run_n if run_n <= done else done
-            run_n = run_n - done
-            over = run_n * run_ctx - kv_cap
-            if srv and over > 0:
-                pre = over / (run_ctx if run_ctx >= 1.0 else 1.0)
-            else:
-                pre = 0.0
-            usage = run_n * run_ctx / (kv_cap if kv_cap >= 1.0 else 1.0)
-            if srv:
-                x = (usage - 0.95) / 0.05
-                x = 0.0 if x < 0.0 else (1.0 if x > 1.0 else x)
-                pre = pre + run_n * 0.02 * x
-            else:
-                pre = pre + 0.0
-            pre = pre if pre <= run_n else run_n
-            run_n = run_n - pre
-            wait_n = wait_n + pre
-            preemptions = preemptions + pre
-            if kv_cap > 0:
-                x = run_n * run_ctx / (kv_cap if kv_cap >= 1.0 else 1.0)
-                kv_usage = 1.0 if 1.0 <= x else x
-            else:
-                kv_usage = 0.0
-            admit_ema = 0.8 * admit_ema + 0.2 * admit / dt
-            x = admit / dt
-            x = admit_ema if admit_ema >= x else x
-            x = carried / (x if x >= 1e-3 else 1e-3)
-            q_wait = timeout if timeout <= x else x
-            ttft = q_wait + 0.5 * prefill_time + p / (prefill if prefill >= 1e-9 else 1e-9) + ts + extra_latency
-            if admit > 0:
-                ttft_ema = 0.7 * ttft_ema + 0.3 * ttft
-            tpot = ts * dt / (decode_avail if decode_avail >= min_tpot_den else min_tpot_den)
-            if gen > 0:
-                tpot_last = tpot
-            e2e = ttft_ema + run_o * tpot + extra_latency
-            excess = wait_n - admit_ema * timeout
-            excess = 0.0 if 0.0 >= excess else excess
-            abort = excess * abort_share
-            wait_n = wait_n - abort
-            aborted = aborted + abort
-            admitted_tokens = admit * p
-            prompt_tokens = prompt_tokens + admitted_tokens
-            gen_tokens = gen_tokens + gen
-            interval_prompt = interval_prompt + admitted_tokens
-            interval_gen = interval_gen + gen
-            ok_stop = ok_stop + done * 0.92
-            ok_length = ok_length + done * 0.08
-            admit_ttft = admit * ttft
-            gen_tpot = gen * tpot
-            done_e2e = done * e2e
-            ttft_s = ttft_s + admit_ttft
-            ttft_c = ttft_c + admit
-            tpot_s = tpot_s + gen_tpot
-            tpot_c = tpot_c + gen
-            e2e_s = e2e_s + done_e2e
-            e2e_c = e2e_c + done
-            if srv:
-                x = 0.6 + run_n / 32
-                x = decode_avail * (1.0 if 1.0 <= x else x) if run_n > 0 else 0.0
-                x = (prefill_time + x) / dt
-                busy = 1.0 if 1.0 <= x else x
-            else:
-                busy = 0.0
-            out.append(
-                [
-                    wait_n, wait_p, wait_o, run_n, run_ctx, run_o, admit_ema, ttft_ema, tpot_last, busy, kv_usage,
-                    prompt_tokens, gen_tokens, ok_stop, ok_length, aborted, preemptions, interval_prompt,
-                    interval_gen, ttft_s, ttft_c, tpot_s, tpot_c, e2e_s, e2e_c,
-                ]
-            )  # fmt: skip
-            s_abort.append((slot, abort))
-            s_done.append((slot, done))
-            s_ttft.append((slot, admit_ttft))
-            s_admit.append((slot, admit))
-            s_e2e.append((slot, done_e2e))
-            s_gen.append((slot, gen))
-        self._rows[:nrows, idx] = np.array(out).T
-        if ff_lost:
-            lost = pairwise_sum(ff_lost)
-            stats.errors += lost
-            self.router_errors += lost
+                col[_ARR_ROW] = 0.0
+        out = _SLOT_STEP_FLOATS(cols, srv_of, speed[idx].tolist(), **self._shared(dt))
+        nrows = len(_STEP_ROWS)
+        self._rows[:nrows, idx] = np.array([o[:nrows] for o in out]).T
+        if ff_slots:
             self.arr_n[ff_slots] = 0.0
         n = self.n
-        total_abort = _sparse_pairwise_sum(s_abort, 0, n)
-        n_done = _sparse_pairwise_sum(s_done, 0, n)
+        sums = [
+            _sparse_pairwise_sum([(slot, o[k]) for slot, o in zip(slots, out, strict=True)], 0, n)
+            for k in range(nrows, nrows + len(_STEP_SUMS))
+        ]
+        self._account(stats, pairwise_sum(ff_lost) if ff_lost else None, sums)
+
+    def _shared(self, dt: float) -> dict[str, float]:
+        """The keyword arguments of :func:`slot_step` for a step of ``dt`` seconds."""
+        return {"dt": dt, "timeout": self.timeout, "abort_share": min(1.0, 0.1 * dt), "min_tpot_den": 0.05 * dt}
+
+    def _account(self, stats: StepStats, lost: float | None, sums: list[float]) -> None:
+        """Add a step's cluster-wide sums (:data:`_STEP_SUMS` order) and fail-fast losses to the stats."""
+        if lost is not None:
+            stats.errors += lost
+            self.router_errors += lost
+        total_abort, n_done, ttft_sum, ttft_n, e2e_sum, gen_tokens = sums
         stats.errors += total_abort
         stats.completions += n_done
         self.router_errors += total_abort
         self.router_ok += n_done
-        stats.ttft_sum += _sparse_pairwise_sum(s_ttft, 0, n)
-        stats.ttft_n += _sparse_pairwise_sum(s_admit, 0, n)
-        stats.e2e_sum += _sparse_pairwise_sum(s_e2e, 0, n)
+        stats.ttft_sum += ttft_sum
+        stats.ttft_n += ttft_n
+        stats.e2e_sum += e2e_sum
         stats.e2e_n += n_done
-        stats.gen_tokens += _sparse_pairwise_sum(s_gen, 0, n)
+        stats.gen_tokens += gen_tokens
 
     # ----------------------------------------------------------------------------- scrape
 
