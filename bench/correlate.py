@@ -1,7 +1,7 @@
 """Correlation benchmark: anomalies/s through the engine and the correlate agent's path with N active
 groups, and the p99 from anomaly to notification enqueue beyond group_wait.
 
-The agent path is :class:`pipelines.correlate.agent.Correlator` (per-cluster engine, redelivery
+The agent path is :class:`pipelines.correlate.correlator.Correlator` (per-cluster engine, redelivery
 filter, checkpoint serialisation) plus what the agent does with each action (incident events
 serialised for Kafka, notifications handed to the notify callable); the broker round trips are not
 included (the acceptance timelines show them: tens of milliseconds). Prints one JSON object.
@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from pipelines.correlate.agent import Correlator
+from pipelines.correlate.correlator import Correlator
 from services.alerting.config import loads_routing
 from services.alerting.notification import Notification
 from services.core.events import Anomaly, IncidentEvent

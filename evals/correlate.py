@@ -1,8 +1,8 @@
 """The correlate role's objects without a broker, for the harnesses that replay a simulation in process.
 
-:class:`OfflineCorrelate` drives the role's own :class:`~pipelines.correlate.agent.Correlator` (one
+:class:`OfflineCorrelate` drives the role's own :class:`~pipelines.correlate.correlator.Correlator` (one
 engine per cluster, redelivery dedup, a kernel-log XID resolved to its GPU by PCI address) and its
-:class:`~pipelines.correlate.agent.TopologyFilter` over the metric batches, exactly as the
+:class:`~pipelines.correlate.correlator.TopologyFilter` over the metric batches, exactly as the
 ``correlate-topology`` and ``correlate`` agents feed them. Engine time is event time, the telemetry's
 simulated UNIX seconds, as in the stack.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pipelines.correlate.agent import DEFAULT_CLUSTER, Correlator, TopologyFilter
+from pipelines.correlate.correlator import DEFAULT_CLUSTER, Correlator, TopologyFilter
 from services.alerting.config import RoutingConfig
 from services.core.events import Anomaly, IncidentEvent, MetricBatch
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.app import Pipeline
-from pipelines.correlate.agent import Correlator
+from pipelines.correlate.correlator import Correlator
 from services.alerting.notification import Notification
 from services.core.events import Anomaly
 from services.ingest.normalise import alertmanager_webhook

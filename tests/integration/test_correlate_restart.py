@@ -24,7 +24,7 @@ import pytest
 from kafka import KafkaConsumer
 
 from pipelines.correlate import Engine
-from pipelines.correlate.agent import STATE_TABLE
+from pipelines.correlate.role import STATE_TABLE
 from services.alerting.config import load_routing
 from services.core.bus import KafkaPublisher, ensure_topics, read_raw
 from services.core.events import Anomaly, IncidentEvent

@@ -73,7 +73,7 @@ def test_an_anomaly_without_a_fingerprint_cannot_become_a_row() -> None:
 
 
 def test_the_history_clock_is_the_earliest_cluster_clock() -> None:
-    from pipelines.correlate.agent import Correlator
+    from pipelines.correlate.correlator import Correlator
     from services.alerting.config import loads_routing
 
     correlator = Correlator(loads_routing("route: {receiver: sre}\nreceivers: [{name: sre}]\n"), clock=lambda: 0.0)

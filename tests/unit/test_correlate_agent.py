@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from pipelines.correlate import Engine
-from pipelines.correlate.agent import (
+from pipelines.correlate.correlator import (
     DEFAULT_CLUSTER,
     Correlator,
     TopologyFilter,

@@ -4,7 +4,7 @@ as a target; no other source can use the mapping."""
 
 from __future__ import annotations
 
-from pipelines.correlate.agent import Correlator, TopologyFilter
+from pipelines.correlate.correlator import Correlator, TopologyFilter
 from pipelines.correlate.topology import Topology
 from pipelines.detectors.logtemplates import LogTemplateDetector
 from services.alerting.config import loads_routing

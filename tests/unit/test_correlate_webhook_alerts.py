@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from pipelines.correlate.agent import Correlator
+from pipelines.correlate.correlator import Correlator
 from pipelines.correlate.engine import Engine
 from services.alerting.config import loads_routing
 from services.alerting.notification import Notification
