@@ -1,24 +1,34 @@
-"""NAB benchmark of the univariate metric detector (and NAB's windowed Gaussian, as a scorer check).
+"""NAB benchmark of the univariate metric detector at one setting for every series.
 
 Usage::
 
-    python -m bench.nab [--data DIR] [--out DIR] [--detector univariate|windowed_gaussian|all]
+    python bench/nab.py [--data DIR] [--out DIR] [--no-gaussian]
 
 ``--data`` is a folder in NAB's layout: ``data/<category>/*.csv`` (``timestamp,value``),
-``labels/combined_windows.json`` and ``labels/combined_labels.json``, and ``profiles.json`` (or
-``config/profiles.json``). It defaults to ``<shared data>/nab``. Every series that has an entry in
-the windows file is scored; series without one are listed as unlabelled.
+``labels/combined_windows.json`` and ``labels/combined_labels.json``, ``profiles.json`` (or
+``config/profiles.json``) and ``published_scores.md``. It defaults to ``<shared data>/nab``.
 
-Each detector streams every series in micro-batches, exactly as the detect pipeline would, then
-the threshold is optimised over the whole corpus and each file is scored with NAB's standard
-profile (see :mod:`bench.nabscore`). Output is JSON lines: one per file, then one summary per
-detector with the published scores on the same files for comparison. ``--out DIR`` also writes
-NAB's results layout, ``DIR/<detector>/<category>/<detector>_<file>.csv`` with the columns
-``timestamp,value,anomaly_score,label``.
+What it does, and prints as one JSON object:
 
-Anomaly scores are kept to 12 significant digits, as in NAB's published result files (Python 2
-wrote floats that way); for the windowed Gaussian, whose published threshold is exactly 1.0, this
-is what makes its scores reproduce the published ones file for file.
+1. Streams every series once, in order, through :func:`pipelines.detectors.univariate.detect` in
+   micro-batches, exactly as a live worker would, at the detector's default setting
+   (:class:`~pipelines.detectors.univariate.UnivariateConfig`). No setting depends on the file or its
+   category. ``fixed`` scores those alerts per category and pooled over every file.
+2. ``fit``: the procedure that chose the two fitted values of that setting. Over a fixed grid
+   (:data:`NOVELTY_WEIGHTS` x :data:`THRESHOLDS`, both written down before looking at any score), the
+   pair that maximises NAB's standard score summed over the files it may see; ties go to the higher
+   threshold, then the smaller weight. Run on all the files, it must give the defaults
+   (``defaults_match_fit``).
+3. ``leave_one_category_out``: the same procedure run six times, each time on five categories; the
+   chosen pair is then scored on the sixth. The pooled score of the six left-out runs is the headline.
+4. ``published``: the table of ``published_scores.md`` (each published detector at its own published
+   threshold), parsed from the file, and the targets checked against it.
+5. ``scorer_check``: NAB's windowed Gaussian, written from its description, scored with its own
+   optimal threshold; it must reproduce the published row (``bench/nabscore.py`` is the scorer).
+
+``--out DIR`` also writes NAB's results layout for the univariate detector,
+``DIR/univariate/<category>/univariate_<file>.csv`` (``timestamp,value,anomaly_score,label``).
+Anomaly scores are kept to 12 significant digits, as in NAB's published result files.
 """
 
 from __future__ import annotations
@@ -26,11 +36,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,34 +52,36 @@ if not __package__:  # run as a script (python bench/nab.py): the scorer is impo
 from bench.nabscore import (
     STANDARD_PROFILE,
     CostProfile,
+    FileResult,
     FloatArray,
+    PreparedFile,
     ScoredFile,
     load_profile,
     load_windows,
     normalized_score,
     optimize_threshold,
     parse_times,
+    prepare_file,
     read_series,
+    score_detections,
     score_file,
     window_rows,
 )
-from pipelines.detectors.univariate import UnivariateState, score
+from pipelines.detectors.univariate import UnivariateConfig, UnivariateState, combine, detect, suppress
 from services.core.errors import ConfigError
 from services.core.paths import shared_data_dir
 
-# Published NAB standard-profile scores, normalised on exactly the 17 realAWSCloudwatch files.
-PUBLISHED: dict[str, float] = {
-    "Numenta HTM": 73.4,
-    "CAD OSE": 71.5,
-    "ARTime": 69.5,
-    "Random Cut Forest": 57.6,
-    "Twitter ADVec": 38.5,
-    "windowed Gaussian": 31.2,
-}
 MICRO_BATCH = 128
 SIGNIFICANT_DIGITS = 12
 
-Detector = Callable[[FloatArray, FloatArray], FloatArray]
+NOVELTY_WEIGHTS: tuple[float, ...] = (0.04, 0.08, 0.16, 0.32)
+"""Candidate weights of the novelty component against the record component (factors of two)."""
+THRESHOLDS: tuple[float, ...] = tuple(round(m / 10 * 10.0**e, 6) for e in range(-3, 1) for m in range(10, 100))
+"""Candidate thresholds: every two-significant-digit value from 0.0010 to 9.9."""
+
+PUBLISHED_POOLED = "all 51 pooled"
+TARGET_POOLED = "ARTime"  # the published detector the pooled score at the one setting must beat
+TARGET_PER_CATEGORY = "Numenta HTM"  # ...and the one each left-out category must beat
 
 
 @dataclass(frozen=True)
@@ -80,25 +94,46 @@ class Series:
     windows: tuple[tuple[int, int], ...]
     labels: int
 
+    @property
+    def category(self) -> str:
+        """NAB category: the folder the file is in."""
+        return self.name.split("/", 1)[0]
 
-def univariate(values: FloatArray, seconds: FloatArray) -> FloatArray:
-    """Stream one series through :func:`pipelines.detectors.univariate.score` in micro-batches."""
-    state: UnivariateState | None = None
-    out = []
+
+@dataclass(frozen=True)
+class Run:
+    """One series streamed through the detector: its components, alerts and scores."""
+
+    series: Series
+    prepared: PreparedFile
+    record: FloatArray
+    novelty: FloatArray
+    alerts: FloatArray
+    scores: FloatArray
+
+
+def stream(values: FloatArray, seconds: FloatArray, config: UnivariateConfig) -> tuple[FloatArray, ...]:
+    """Stream one series through :func:`detect` in micro-batches; return record, novelty, alerts, scores."""
+    state = UnivariateState(config=config)
+    parts = []
     for lo in range(0, len(values), MICRO_BATCH):
-        state, part = score(values[lo : lo + MICRO_BATCH], seconds[lo : lo + MICRO_BATCH], state)
-        out.append(part)
-    return np.concatenate(out) if out else np.zeros(0)
+        state, result = detect(values[lo : lo + MICRO_BATCH], seconds[lo : lo + MICRO_BATCH], state)
+        parts.append(result)
+    return (
+        np.concatenate([p.record for p in parts]),
+        np.concatenate([p.novelty for p in parts]),
+        np.concatenate([p.alerts for p in parts]).astype(np.float64),
+        np.concatenate([p.scores for p in parts]),
+    )
 
 
-def windowed_gaussian(values: FloatArray, seconds: FloatArray, window: int = 6400, step: int = 100) -> FloatArray:
+def windowed_gaussian(values: FloatArray, window: int = 6400, step: int = 100) -> FloatArray:
     """NAB's windowed Gaussian baseline, written from its description.
 
     The score of a value is one minus its two-sided Gaussian tail probability under the mean and
     standard deviation of the previous values: all of them until ``window`` are held, then the
     window slides forward ``step`` values at a time. The first value scores 0.
     """
-    del seconds  # row-based, like NAB's
     out = np.zeros(len(values))
     held: list[float] = []
     pending: list[float] = []
@@ -119,11 +154,6 @@ def windowed_gaussian(values: FloatArray, seconds: FloatArray, window: int = 640
         # A constant window would divide by zero; NAB uses a tiny floor instead.
         std = float(np.std(held)) or 1e-6
     return out
-
-
-DETECTORS: dict[str, Detector] = {"univariate": univariate, "windowed_gaussian": windowed_gaussian}
-# The published entry each detector is meant to reproduce or beat.
-REFERENCE: dict[str, str] = {"univariate": "Random Cut Forest", "windowed_gaussian": "windowed Gaussian"}
 
 
 def round_significant(scores: FloatArray, digits: int = SIGNIFICANT_DIGITS) -> FloatArray:
@@ -170,6 +200,37 @@ def load_corpus(root: Path) -> tuple[list[Series], list[str], CostProfile]:
     return series, unlabelled, profile
 
 
+def parse_published(path: Path) -> dict[str, dict[str, float]]:
+    """Read the Markdown table of ``published_scores.md``: detector -> column -> score.
+
+    Raises:
+        ConfigError: the file is absent or holds no table.
+    """
+    if not path.is_file():
+        raise ConfigError(f"published scores {path} are absent")
+    header: list[str] | None = None
+    table: dict[str, dict[str, float]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("|"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not all(re.fullmatch(r":?-+:?", c) for c in cells):
+            table[cells[0]] = {col: float(v) for col, v in zip(header[1:], cells[1:], strict=True)}
+    if not table:
+        raise ConfigError(f"no score table in {path}")
+    return table
+
+
+def published_row(table: dict[str, dict[str, float]], name: str) -> tuple[str, dict[str, float]]:
+    """The row of the published detector whose name starts with ``name`` (``Numenta HTM (numenta)``)."""
+    for detector, row in table.items():
+        if detector == name or detector.startswith(name + " "):
+            return detector, row
+    raise ConfigError(f"published scores have no row for {name!r}")
+
+
 def write_results(out: Path, detector: str, item: Series, scores: FloatArray) -> None:
     """Write one NAB results file: ``out/<detector>/<category>/<detector>_<file>.csv``."""
     category, file_name = item.name.rsplit("/", 1)
@@ -186,59 +247,215 @@ def write_results(out: Path, detector: str, item: Series, scores: FloatArray) ->
     target.write_text("\n".join(lines) + "\n")
 
 
-def run(detector: str, corpus: Sequence[Series], profile: CostProfile, out: Path | None) -> list[dict[str, object]]:
-    """Score one detector on the corpus; return the per-file rows and the summary row."""
-    fn = DETECTORS[detector]
-    started = time.perf_counter()
-    files = []
+def summarise(results: Sequence[FileResult], categories: Iterable[str]) -> dict[str, Any]:
+    """Per category and pooled: normalised score, TP/FP/FN windows and files."""
+    out: dict[str, Any] = {}
+    for category in categories:
+        part = [r for r in results if r.name.startswith(category + "/")]
+        windows = sum(r.windows for r in part)
+        out[category] = {
+            "score": round(normalized_score(part), 2) if windows else None,
+            "raw_score": round(sum(r.score for r in part), 4),
+            "files": len(part),
+            "windows": windows,
+            "tp": sum(r.tp for r in part),
+            "fp": sum(r.fp for r in part),
+            "fn": sum(r.fn for r in part),
+        }
+    out["pooled"] = round(normalized_score(results), 2)
+    return out
+
+
+class Fitter:
+    """The fitting procedure: the grid pair with the best NAB score over the files it may see.
+
+    Every file's raw score is computed once for each (weight, threshold) of the grid, with alerts
+    from :func:`~pipelines.detectors.univariate.combine` and
+    :func:`~pipelines.detectors.univariate.suppress`, the very functions the live detector runs.
+    """
+
+    def __init__(self, runs: Sequence[Run], suppress_rows: int, profile: CostProfile) -> None:
+        self.runs = runs
+        self.profile = profile
+        self.suppress_rows = suppress_rows
+        self.raw = np.zeros((len(NOVELTY_WEIGHTS), len(THRESHOLDS), len(runs)))
+        for w, weight in enumerate(NOVELTY_WEIGHTS):
+            for f, run in enumerate(runs):
+                combined = combine(run.record, run.novelty, weight)
+                for t, threshold in enumerate(THRESHOLDS):
+                    self.raw[w, t, f] = self._score(run, combined, threshold).score
+
+    def result(self, index: int, weight: float, threshold: float) -> FileResult:
+        """One file scored at one grid pair."""
+        run = self.runs[index]
+        return self._score(run, combine(run.record, run.novelty, weight), threshold)
+
+    def _score(self, run: Run, combined: FloatArray, threshold: float) -> FileResult:
+        alerts, _ = suppress(combined, threshold, self.suppress_rows)
+        return score_detections(run.prepared, np.flatnonzero(alerts), self.profile)
+
+    def fit(self, categories: Iterable[str]) -> tuple[float, float, float]:
+        """Best ``(weight, threshold, raw score)`` over the files of ``categories``.
+
+        Ties go to the higher threshold (fewer alerts), then to the smaller weight.
+        """
+        chosen = set(categories)
+        mask = np.array([r.series.category in chosen for r in self.runs])
+        totals = self.raw[:, :, mask].sum(axis=2)
+        best = totals.max()
+        # Prefer the highest threshold among the ties, then the smallest weight.
+        for t in range(len(THRESHOLDS) - 1, -1, -1):
+            for w in range(len(NOVELTY_WEIGHTS)):
+                if totals[w, t] >= best - 1e-9:
+                    return NOVELTY_WEIGHTS[w], THRESHOLDS[t], float(totals[w, t])
+        raise AssertionError("unreachable: the maximum is in the grid")
+
+
+def run_univariate(
+    corpus: Sequence[Series], profile: CostProfile, out: Path | None, config: UnivariateConfig
+) -> tuple[list[Run], float]:
+    """Stream every series through the live detector; return the runs and the seconds it took."""
+    runs: list[Run] = []
+    elapsed = 0.0
     for item in corpus:
         seconds = parse_times(item.stamps).astype("datetime64[s]").astype(np.float64)
-        scores = round_significant(fn(item.values, seconds))
+        started = time.perf_counter()
+        record, novelty, alerts, scores = stream(item.values, seconds, config)
+        elapsed += time.perf_counter() - started
+        scores = round_significant(scores)
         if out is not None:
-            write_results(out, detector, item, scores)
-        files.append(ScoredFile(item.name, scores, item.windows))
-    elapsed = time.perf_counter() - started
+            write_results(out, "univariate", item, scores)
+        prepared = prepare_file(item.name, len(item.values), item.windows, profile)
+        runs.append(Run(item, prepared, record, novelty, alerts, scores))
+    return runs, elapsed
 
+
+def evaluate(
+    corpus: Sequence[Series], profile: CostProfile, root: Path, out: Path | None, gaussian: bool
+) -> dict[str, Any]:
+    """Everything the bench prints (see the module docstring)."""
+    config = UnivariateConfig()
+    categories = sorted({s.category for s in corpus})
+    runs, elapsed = run_univariate(corpus, profile, out, config)
+    rows = sum(len(s.values) for s in corpus)
+
+    # 1. The live detector's own alerts at its one setting.
+    live = [score_detections(r.prepared, np.flatnonzero(r.alerts), profile) for r in runs]
+    fixed = summarise(live, categories)
+
+    # 2. The procedure that chose the setting, on every file.
+    fitter = Fitter(runs, config.suppress, profile)
+    weight, threshold, _ = fitter.fit(categories)
+
+    # 3. Leave one category out.
+    loco: dict[str, Any] = {}
+    left_out: list[FileResult] = []
+    for category in categories:
+        w, t, _ = fitter.fit(c for c in categories if c != category)
+        part = [fitter.result(i, w, t) for i, r in enumerate(runs) if r.series.category == category]
+        left_out += part
+        windows = sum(p.windows for p in part)
+        loco[category] = {
+            "fitted_on": [c for c in categories if c != category],
+            "novelty_weight": w,
+            "threshold": t,
+            "score": round(normalized_score(part), 2) if windows else None,
+            "raw_score": round(sum(p.score for p in part), 4),
+            "tp": sum(p.tp for p in part),
+            "fp": sum(p.fp for p in part),
+            "fn": sum(p.fn for p in part),
+        }
+    loco_pooled = round(normalized_score(left_out), 2)
+
+    # 4. The published table and the targets.
+    table = parse_published(root / "published_scores.md")
+    target_name, target_row = published_row(table, TARGET_POOLED)
+    htm_name, htm_row = published_row(table, TARGET_PER_CATEGORY)
+    per_category_target = {
+        c: {
+            "loco": loco[c]["score"],
+            htm_name: htm_row[c],
+            "met": loco[c]["score"] is not None and loco[c]["score"] > htm_row[c],
+        }
+        for c in categories
+        if c in htm_row
+    }
+    ranking = sorted(
+        [*((name, row[PUBLISHED_POOLED]) for name, row in table.items()), ("ClusterMedic univariate", fixed["pooled"])],
+        key=lambda item: -item[1],
+    )
+
+    report: dict[str, Any] = {
+        "benchmark": "NAB standard profile, one setting for every series",
+        "files": len(corpus),
+        "windows": sum(len(s.windows) for s in corpus),
+        "config": asdict(config),
+        "fixed": fixed,
+        "fit": {
+            "procedure": (
+                f"grid novelty_weight in {list(NOVELTY_WEIGHTS)} x threshold in every two-significant-digit "
+                f"value {THRESHOLDS[0]}..{THRESHOLDS[-1]} ({len(THRESHOLDS)} values); the pair with the best "
+                "NAB standard score summed over the files fitted on; ties: higher threshold, then smaller "
+                f"weight; alerts suppressed for {config.suppress} rows after each alert"
+            ),
+            "on_all_files": {"novelty_weight": weight, "threshold": threshold},
+            "defaults_match_fit": (weight, threshold) == (config.novelty_weight, config.threshold),
+            "fixed_by_design_not_fitted": {
+                "embed": config.embed,
+                "history": config.history,
+                "reference": config.reference,
+                "record_span": config.record_span,
+                "warmup": config.warmup,
+                "discord_warmup": config.discord_warmup,
+                "suppress": config.suppress,
+            },
+        },
+        "leave_one_category_out": {"categories": loco, "pooled": loco_pooled},
+        "published": table,
+        "targets": {
+            f"pooled at the one setting > {target_name}": {
+                "ours": fixed["pooled"],
+                target_name: target_row[PUBLISHED_POOLED],
+                "met": fixed["pooled"] > target_row[PUBLISHED_POOLED],
+            },
+            f"leave-one-category-out > {htm_name} on every category": {
+                "per_category": per_category_target,
+                "met": all(v["met"] for v in per_category_target.values()),
+            },
+            f"leave-one-category-out pooled vs {target_name}": {
+                "ours": loco_pooled,
+                target_name: target_row[PUBLISHED_POOLED],
+                "met": loco_pooled > target_row[PUBLISHED_POOLED],
+            },
+        },
+        "ranking_pooled": [{"detector": n, "score": s} for n, s in ranking],
+        "per_file": [{"file": r.name, "tp": r.tp, "fp": r.fp, "fn": r.fn, "score": round(r.score, 3)} for r in live],
+        "detector_seconds": round(elapsed, 2),
+        "rows_per_second": round(rows / elapsed) if elapsed else None,
+    }
+    if gaussian:
+        report["scorer_check"] = _gaussian_check(corpus, profile, table, categories)
+    return report
+
+
+def _gaussian_check(
+    corpus: Sequence[Series], profile: CostProfile, table: dict[str, dict[str, float]], categories: list[str]
+) -> dict[str, Any]:
+    """The windowed Gaussian at its optimal threshold, beside its published row."""
+    files = [ScoredFile(s.name, round_significant(windowed_gaussian(s.values)), s.windows) for s in corpus]
     threshold, _ = optimize_threshold(files, profile)
     results = [score_file(f, threshold, profile) for f in files]
-    rows: list[dict[str, object]] = []
-    for item, res in zip(corpus, results, strict=True):
-        norm = res.normalized
-        rows.append(
-            {
-                "kind": "file",
-                "detector": detector,
-                "file": res.name,
-                "score": round(res.score, 4),
-                "normalized": None if norm is None else round(norm, 1),
-                "tp": res.tp,
-                "fp": res.fp,
-                "fn": res.fn,
-                "windows": res.windows,
-                "labels": item.labels,
-            }
-        )
-    ours = normalized_score(results)
-    reference = REFERENCE[detector]
-    rows.append(
-        {
-            "kind": "overall",
-            "detector": detector,
-            "profile": "standard",
-            "files": len(results),
-            "windows": sum(r.windows for r in results),
-            "threshold": threshold,
-            "score": round(ours, 2),
-            "raw_score": round(sum(r.score for r in results), 4),
-            "reference": reference,
-            "reference_score": PUBLISHED[reference],
-            "delta_vs_reference": round(ours - PUBLISHED[reference], 2),
-            "delta_vs_numenta_htm": round(ours - PUBLISHED["Numenta HTM"], 2),
-            "published": PUBLISHED,
-            "detector_seconds": round(elapsed, 2),
-        }
-    )
-    return rows
+    ours = summarise(results, categories)
+    name, row = published_row(table, "windowed Gaussian")
+    measured = {c: ours[c]["score"] for c in categories if c in row}
+    measured[PUBLISHED_POOLED] = ours["pooled"]
+    return {
+        "detector": name,
+        "threshold": threshold,
+        "measured": measured,
+        "published": row,
+        "max_abs_difference": round(max(abs(measured[c] - row[c]) for c in row), 2),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -246,22 +463,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, help="NAB-layout folder (default: <shared data>/nab)")
     parser.add_argument("--out", type=Path, help="also write NAB results files under this folder")
-    parser.add_argument("--detector", choices=[*DETECTORS, "all"], default="all")
+    parser.add_argument("--no-gaussian", action="store_true", help="skip the windowed-Gaussian scorer check")
     args = parser.parse_args(argv)
     try:
         root = args.data if args.data is not None else shared_data_dir() / "nab"
         if not root.is_dir():
             raise ConfigError(f"NAB folder {root} is absent: pass --data or see shared/data/nab/SOURCE.txt")
         corpus, unlabelled, profile = load_corpus(root)
+        report = evaluate(corpus, profile, root, args.out, gaussian=not args.no_gaussian)
     except ConfigError as exc:
         print(f"bench.nab: {exc}", file=sys.stderr)
         return 2
     if unlabelled:
-        print(json.dumps({"kind": "unlabelled", "files": unlabelled}))
-    names = list(DETECTORS) if args.detector == "all" else [args.detector]
-    for name in names:
-        for row in run(name, corpus, profile, args.out):
-            print(json.dumps(row), flush=True)
+        report["unlabelled"] = unlabelled
+    print(json.dumps(report, indent=1))
     return 0
 
 

@@ -217,6 +217,62 @@ def score_file(scored: ScoredFile, threshold: float, profile: CostProfile = STAN
     )
 
 
+@dataclass(frozen=True)
+class PreparedFile:
+    """A labelled file's per-row detection weights, computed once for many sets of detections.
+
+    Scoring a detector whose detections are not "every row at or above a threshold" (one that
+    suppresses repeats after an alert, say) needs the detections themselves; this holds what
+    :func:`score_detections` needs to score any number of them quickly.
+    """
+
+    name: str
+    rows: int
+    windows: int
+    weights: FloatArray
+    window_of: npt.NDArray[np.int64]
+    start: int
+    """First row after the probationary period."""
+
+
+def prepare_file(name: str, rows: int, windows: Sequence[tuple[int, int]], profile: CostProfile) -> PreparedFile:
+    """Precompute a file's detection weights (see :func:`row_weights`) and probationary period."""
+    weights, window_of = row_weights(rows, windows, profile)
+    return PreparedFile(name, rows, len(windows), weights, window_of, probation_rows(rows))
+
+
+def score_detections(
+    prepared: PreparedFile, detections: npt.ArrayLike, profile: CostProfile = STANDARD_PROFILE
+) -> FileResult:
+    """Score one file given the rows a detector flagged, by the same rules as :func:`score_file`.
+
+    Detections in the probationary period are ignored; in a window only the earliest counts; each
+    one outside every window costs its false-positive weight.
+    """
+    rows = np.sort(np.asarray(detections, dtype=np.int64))
+    rows = rows[rows >= prepared.start]
+    win = prepared.window_of[rows]
+    outside = win < 0
+    fp_total = float(prepared.weights[rows[outside]].sum())
+    hit = win[~outside]
+    # Weights fall through a window, so the earliest detection in it is its best.
+    best = np.full(prepared.windows, -profile.fn_weight)
+    if len(hit):
+        first_rows = rows[~outside][np.unique(hit, return_index=True)[1]]
+        best[prepared.window_of[first_rows]] = prepared.weights[first_rows]
+    tp = len(np.unique(hit))
+    return FileResult(
+        name=prepared.name,
+        score=float(best.sum()) + fp_total,
+        null=-profile.fn_weight * prepared.windows,
+        perfect=profile.tp_weight * prepared.windows,
+        tp=tp,
+        fp=int(outside.sum()),
+        fn=prepared.windows - tp,
+        windows=prepared.windows,
+    )
+
+
 def optimize_threshold(files: Sequence[ScoredFile], profile: CostProfile = STANDARD_PROFILE) -> tuple[float, float]:
     """Find the threshold that maximises the corpus score, as NAB's sweep does.
 

@@ -13,9 +13,11 @@ from bench.nabscore import (
     normalized_score,
     optimize_threshold,
     parse_times,
+    prepare_file,
     probation_rows,
     row_weights,
     scaled_sigmoid,
+    score_detections,
     score_file,
     window_rows,
 )
@@ -119,3 +121,20 @@ def test_threshold_sweep_finds_the_best_cut_over_the_corpus() -> None:
 def test_window_rows_from_timestamps_are_inclusive() -> None:
     times = parse_times([f"2014-01-01 00:{m:02d}:00" for m in range(0, 60, 5)])
     assert window_rows(times, [("2014-01-01 00:10:00.000000", "2014-01-01 00:20:00.000000")]) == ((2, 4),)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_scoring_a_set_of_detections_agrees_with_scoring_binary_scores(seed: int) -> None:
+    # The suppressing detector is scored from its alert rows; the result must be NAB's score of
+    # the same rows given as scores of 1 at threshold 0.5.
+    windows = ((300, 349), (600, 699), (800, 809))
+    rows = np.random.default_rng(seed).choice(ROWS, size=25, replace=False)
+    binary = score_file(_file(rows.tolist(), windows), threshold=0.5)
+    fast = score_detections(prepare_file("synthetic/a.csv", ROWS, windows, STANDARD_PROFILE), rows)
+    assert fast.score == pytest.approx(binary.score)
+    assert (fast.tp, fast.fp, fast.fn, fast.windows) == (binary.tp, binary.fp, binary.fn, binary.windows)
+
+
+def test_only_the_earliest_detection_in_a_window_counts() -> None:
+    prepared = prepare_file("synthetic/a.csv", ROWS, (WINDOW,), STANDARD_PROFILE)
+    assert score_detections(prepared, [499, 450, 400]).score == pytest.approx(1.0)
