@@ -33,9 +33,9 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from faust.types import EventT, TableT
 from pydantic import ValidationError
@@ -43,11 +43,22 @@ from pydantic import ValidationError
 from pipelines.app import Pipeline
 from pipelines.detectors.base import Detector
 from pipelines.features import FeatureState, FeatureVector, extract
-from services.core.events import FACT_GPU_FAULT, FACT_TOPOLOGY, Anomaly, KubeEvent, LogRecord, MetricBatch, Provenance
+from services.core.events import (
+    FACT_GPU_FAULT,
+    FACT_TOPOLOGY,
+    Anomaly,
+    Event,
+    KubeEvent,
+    LogRecord,
+    MetricBatch,
+    Provenance,
+)
 from services.core.settings import Settings
 from services.store.detector_models import StoredModel
 
 log = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=Event)
 
 FEATURES_KEY = "_features"
 
@@ -302,6 +313,199 @@ def _verdict(anomaly: Anomaly) -> dict[str, Any]:
     }
 
 
+class DetectPorts(Protocol):
+    """What the detect role needs of Kafka and of the entity-state table."""
+
+    async def publish(self, anomalies: Sequence[Anomaly]) -> None:
+        """Send anomalies to ``anomalies.v1``."""
+
+    async def decode(self, cls: type[E], raw: bytes | None, key: bytes | None, *, consumer: str) -> E | None:
+        """Decode a message, or dead-letter it and return None."""
+
+    async def dead_letter(
+        self, *, raw: bytes, key: bytes | None, source_topic: str, error: BaseException | str, consumer: str
+    ) -> None:
+        """Send a message that could not be accepted to ``deadletter.v1`` with the reason."""
+
+    def saved_state(self, entity: str) -> dict[str, Any] | None:
+        """An entity's state as last saved."""
+
+    def save_state(self, partition: int, entity: str, state: dict[str, Any]) -> None:
+        """Save an entity's state to the changelog partition of the message it came from."""
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        """Run ``work`` beside the stream."""
+
+
+class DetectRole:
+    """The detect role's steps; the Faust agents and timers only loop over them (module docstring).
+
+    Args:
+        detectors: this worker's detectors.
+        ports: Kafka and the entity-state table.
+        settings: where stored models are (model refresh).
+        max_batch: feature vectors per learned-detector call.
+        max_wait_s: longest a feature vector waits to be scored.
+        checkpoint_min_s: least time between two saved states of one entity while it catches up.
+        on_batch: told of every metric batch processed (progress counters, benchmarks).
+        on_models_swapped: told which detectors' models were hot-swapped.
+    """
+
+    def __init__(
+        self,
+        detectors: DetectorSet,
+        ports: DetectPorts,
+        settings: Settings,
+        *,
+        max_batch: int = 512,
+        max_wait_s: float = 0.5,
+        checkpoint_min_s: float = 1.0,
+        on_batch: Callable[[MetricBatch], None] | None = None,
+        on_models_swapped: Callable[[list[str]], None] | None = None,
+    ) -> None:
+        self.detectors = detectors
+        self.ports = ports
+        self.settings = settings
+        self.entity = EntityDetection(detectors, checkpoint_min_s=checkpoint_min_s)
+        self.scorer = FeatureScorer(detectors.feature, max_batch=max_batch, max_wait_s=max_wait_s)
+        self.backlog = 8 * max_batch
+        self.log_states = {d.name: d.initial_state() for d in detectors.log}
+        self.event_states = {d.name: d.initial_state() for d in detectors.event}
+        self.running: list[asyncio.Future[None]] = []  # the scoring call in progress, if any
+        self.on_batch = on_batch
+        self.on_models_swapped = on_models_swapped
+
+    async def metrics(self, events: Sequence[EventT]) -> None:
+        """Run one micro-batch of metric messages, in partition order, then write states and anomalies once."""
+        anomalies: list[Anomaly] = []
+        to_save: dict[str, tuple[int, dict[str, Any]]] = {}  # entity -> (source partition, saved state)
+        now = time.monotonic()
+        for event in events:
+            batch = decode_metric_batch(event.value)
+            if batch is None:  # the slow path names the error and dead-letters what really is bad
+                batch = await self.ports.decode(MetricBatch, event.value, event.key, consumer="detect-metrics")
+                if batch is None:
+                    continue
+            try:
+                saved = None if batch.entity in self.entity.live else self.ports.saved_state(batch.entity)
+                state, vector, found = self.entity.on_batch(batch, saved, now)
+            except Exception as exc:  # a detector bug must not stop the stream: keep the input, go on
+                log.exception("detectors failed on a batch for %s", batch.entity)
+                await self.ports.dead_letter(
+                    raw=event.value, key=event.key, source_topic=MetricBatch.topic, error=exc, consumer="detect-metrics"
+                )
+                continue
+            if state is not None:
+                to_save[batch.entity] = (event.message.partition, state)
+            anomalies.extend(found)
+            if vector is not None and vector.serving and self.scorer.detectors:
+                self.scorer.add(vector, now)
+            if self.on_batch is not None:
+                self.on_batch(batch)
+        for key, (partition, state) in to_save.items():
+            self.ports.save_state(partition, key, state)
+        await self.ports.publish(anomalies)
+        await self.score_if_due()
+
+    async def logs(self, values: Sequence[bytes]) -> None:
+        """One micro-batch of log records through the log detectors; a record that makes one raise is
+        dead-lettered alone and the rest are processed."""
+        records: list[LogRecord] = []
+        raws: list[bytes] = []
+        for raw in values:
+            record = await self.ports.decode(LogRecord, raw, None, consumer="detect-logs")
+            if record is not None:
+                records.append(record)
+                raws.append(raw)
+        for detector in self.detectors.log:
+            self.log_states[detector.name], found, failed = detect_each_guarded(
+                detector, records, self.log_states[detector.name]
+            )
+            for index, exc in failed:
+                await self.ports.dead_letter(
+                    raw=raws[index],
+                    key=None,
+                    source_topic=LogRecord.topic,
+                    error=exc,
+                    consumer=f"detect-logs:{detector.name}",
+                )
+            await self.ports.publish(found)
+
+    async def kube_event(self, item: Any) -> None:
+        """One Kubernetes event through the event rules."""
+        event = await self.ports.decode(KubeEvent, item.value, item.key, consumer="detect-events")
+        if event is None:
+            return
+        for detector in self.detectors.event:
+            self.event_states[detector.name], found = detector.detect([event], self.event_states[detector.name])
+            await self.ports.publish(stamped(found, KUBE_PROVENANCE))
+
+    async def score_if_due(self) -> None:
+        """Start scoring the buffer in a worker thread when it is due and no other scoring call runs.
+
+        The stream is not held up by a model call (one at a time keeps the detectors' states and the
+        order of each entity's vectors); vectors queue up behind it into a larger batch. Only when the
+        stream fills the buffer to ``backlog`` faster than the models score does it wait (bounded memory).
+        """
+        while self.running and not self.running[0].done():
+            if len(self.scorer.buffer) < self.backlog:
+                return
+            await asyncio.wait([self.running[0]])
+        if self.scorer.due(time.monotonic()):
+            self.running[:] = [self.ports.spawn(self._score(self.scorer.take()))]
+
+    async def _score(self, batch: list[FeatureVector]) -> None:
+        try:
+            found = await asyncio.to_thread(self.scorer.score, batch)
+        except Exception:  # a model bug must not stop the stream; the rule detectors go on
+            log.exception("learned detectors failed on %d feature vectors", len(batch))
+            return
+        await self.ports.publish(found)
+
+    async def refresh_models(self) -> None:
+        """Hot-swap newer stored models."""
+        changed = await asyncio.to_thread(refresh_models, self.settings, self.detectors)
+        if changed:
+            log.info("hot-swapped newer models for %s", ", ".join(changed))
+            if self.on_models_swapped is not None:
+                self.on_models_swapped(changed)
+
+    def revoked(self) -> None:
+        """Partitions may come back after another worker advanced their states: re-read the table."""
+        self.entity.forget()
+
+
+class FaustDetectPorts:
+    """:class:`DetectPorts` on the Faust app and its entity-state table."""
+
+    def __init__(self, pipeline: Pipeline, table: TableT) -> None:
+        self.pipeline = pipeline
+        self.table = table
+
+    async def publish(self, anomalies: Sequence[Anomaly]) -> None:
+        for anomaly in anomalies:
+            await self.pipeline.topics.anomalies.send(key=anomaly.key().encode(), value=anomaly.to_bytes())
+
+    async def decode(self, cls: type[E], raw: bytes | None, key: bytes | None, *, consumer: str) -> E | None:
+        return await self.pipeline.decode(cls, raw, key, consumer=consumer)
+
+    async def dead_letter(
+        self, *, raw: bytes, key: bytes | None, source_topic: str, error: BaseException | str, consumer: str
+    ) -> None:
+        await self.pipeline.dead_letter(raw=raw, key=key, source_topic=source_topic, error=error, consumer=consumer)
+
+    def saved_state(self, entity: str) -> dict[str, Any] | None:
+        saved: dict[str, Any] | None = self.table.get(entity)
+        return saved
+
+    def save_state(self, partition: int, entity: str, state: dict[str, Any]) -> None:
+        save_entity_state(self.table, partition, entity, state)
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = self.pipeline.app.add_future(work)
+        return future
+
+
 def register_detect(
     pipeline: Pipeline,
     detectors: DetectorSet,
@@ -321,7 +525,7 @@ def register_detect(
     ``checkpoint_min_s`` spaces an entity's saved states when it catches up (see :class:`EntityDetection`).
     With ``model_refresh_s`` a timer also looks for newer stored models and hot-swaps them, telling
     ``on_models_swapped`` which detectors changed; ``on_batch`` is told of every metric batch processed
-    (progress counters, benchmarks).
+    (progress counters, benchmarks). Each agent and timer is a loop over one :class:`DetectRole` method.
     """
     app, topics = pipeline.app, pipeline.topics
     table = app.Table(
@@ -330,134 +534,49 @@ def register_detect(
         partitions=pipeline.settings.kafka_partitions,
         key_type=str,  # values use the app's default JSON serializer
     )
-    entity = EntityDetection(detectors, checkpoint_min_s=checkpoint_min_s)
+    role = DetectRole(
+        detectors,
+        FaustDetectPorts(pipeline, table),
+        pipeline.settings,
+        max_batch=max_batch,
+        max_wait_s=max_wait_s,
+        checkpoint_min_s=checkpoint_min_s,
+        on_batch=on_batch,
+        on_models_swapped=on_models_swapped,
+    )
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # mode types handlers narrower than it calls them
     def forget_live_states(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
-        # partitions may come back after another worker advanced their states: re-read the table
-        entity.forget()
-
-    scorer = FeatureScorer(detectors.feature, max_batch=max_batch, max_wait_s=max_wait_s)
-    backlog = 8 * max_batch
-    log_states = {d.name: d.initial_state() for d in detectors.log}
-    event_states = {d.name: d.initial_state() for d in detectors.event}
-
-    async def publish(anomalies: Sequence[Anomaly]) -> None:
-        for anomaly in anomalies:
-            await topics.anomalies.send(key=anomaly.key().encode(), value=anomaly.to_bytes())
-
-    running: list[asyncio.Future[None]] = []  # the scoring call in progress, if any
-
-    async def score_taken(batch: list[FeatureVector]) -> None:
-        try:
-            found = await asyncio.to_thread(scorer.score, batch)
-        except Exception:  # a model bug must not stop the stream; the rule detectors go on
-            log.exception("learned detectors failed on %d feature vectors", len(batch))
-            return
-        await publish(found)
-
-    async def score_if_due() -> None:
-        """Start scoring the buffer in a worker thread when it is due and no other scoring call runs.
-
-        The stream is not held up by a model call (one at a time keeps the detectors' states and the
-        order of each entity's vectors); vectors queue up behind it into a larger batch. Only when the
-        stream fills the buffer to ``backlog`` faster than the models score does it wait (bounded memory).
-        """
-        while running and not running[0].done():
-            if len(scorer.buffer) < backlog:
-                return
-            await asyncio.wait([running[0]])
-        if scorer.due(time.monotonic()):
-            running[:] = [app.add_future(score_taken(scorer.take()))]
+        role.revoked()
 
     @app.agent(topics.metrics, name="detect-metrics")
     async def detect_metrics(stream):  # type: ignore[no-untyped-def]
         # take_events acks (and so lets Faust commit) a micro-batch only after this loop body returns
         async for events in stream.take_events(metric_batch, within=max_wait_s):
-            await handle_metric_events(events)
-
-    async def handle_metric_events(events: Sequence[EventT]) -> None:
-        """Run one micro-batch of metric messages, in partition order, then write states and anomalies once."""
-        anomalies: list[Anomaly] = []
-        to_save: dict[str, tuple[int, dict[str, Any]]] = {}  # entity -> (source partition, saved state)
-        now = time.monotonic()
-        for event in events:
-            batch = decode_metric_batch(event.value)
-            if batch is None:  # the slow path names the error and dead-letters what really is bad
-                batch = await pipeline.decode(MetricBatch, event.value, event.key, consumer="detect-metrics")
-                if batch is None:
-                    continue
-            try:
-                saved = None if batch.entity in entity.live else table.get(batch.entity)
-                state, vector, found = entity.on_batch(batch, saved, now)
-            except Exception as exc:  # a detector bug must not stop the stream: keep the input, go on
-                log.exception("detectors failed on a batch for %s", batch.entity)
-                await pipeline.dead_letter(
-                    raw=event.value, key=event.key, source_topic=MetricBatch.topic, error=exc, consumer="detect-metrics"
-                )
-                continue
-            if state is not None:
-                to_save[batch.entity] = (event.message.partition, state)
-            anomalies.extend(found)
-            if vector is not None and vector.serving and scorer.detectors:
-                scorer.add(vector, now)
-            if on_batch is not None:
-                on_batch(batch)
-        for key, (partition, state) in to_save.items():
-            save_entity_state(table, partition, key, state)
-        await publish(anomalies)
-        await score_if_due()
+            await role.metrics(events)
 
     @app.timer(interval=max_wait_s)
     async def flush_idle_scores() -> None:
         # scrapes arrive in bursts; without this the tail of a burst would wait for the next one
-        await score_if_due()
+        await role.score_if_due()
 
     if model_refresh_s:
 
         @app.timer(interval=model_refresh_s)
         async def hot_swap_models() -> None:
-            changed = await asyncio.to_thread(refresh_models, pipeline.settings, detectors)
-            if changed:
-                log.info("hot-swapped newer models for %s", ", ".join(changed))
-                if on_models_swapped is not None:
-                    on_models_swapped(changed)
+            await role.refresh_models()
 
     @app.agent(topics.logs, name="detect-logs")
     async def detect_logs(stream):  # type: ignore[no-untyped-def]
         async for values in stream.take(log_batch, within=max_wait_s):
-            records: list[LogRecord] = []
-            raws: list[bytes] = []
-            for raw in values:
-                record = await pipeline.decode(LogRecord, raw, None, consumer="detect-logs")
-                if record is not None:
-                    records.append(record)
-                    raws.append(raw)
-            for detector in detectors.log:
-                log_states[detector.name], found, failed = detect_each_guarded(
-                    detector, records, log_states[detector.name]
-                )
-                for index, exc in failed:  # dead-lettered alone; the rest of the micro-batch was processed
-                    await pipeline.dead_letter(
-                        raw=raws[index],
-                        key=None,
-                        source_topic=LogRecord.topic,
-                        error=exc,
-                        consumer=f"detect-logs:{detector.name}",
-                    )
-                await publish(found)
+            await role.logs(values)
 
     @app.agent(topics.events, name="detect-events")
     async def detect_events(stream):  # type: ignore[no-untyped-def]
         async for item in stream.events():
-            event = await pipeline.decode(KubeEvent, item.value, item.key, consumer="detect-events")
-            if event is None:
-                continue
-            for detector in detectors.event:
-                event_states[detector.name], found = detector.detect([event], event_states[detector.name])
-                await publish(stamped(found, KUBE_PROVENANCE))
+            await role.kube_event(item)
 
-    return scorer
+    return role.scorer
 
 
 def detect_each_guarded(
