@@ -108,7 +108,7 @@ def test_a_micro_batch_saves_each_entity_once_to_its_source_partition_and_dead_l
         Event(None, b"{not a batch", Message(3)),
         Event(GPU.encode(), scrape(79, 115.0), Message(3)),
     ]
-    asyncio.run(detect.metrics(events))
+    asyncio.run(detect.metrics(events))  # type: ignore[arg-type]  # stand-ins for Faust events
     assert len(ports.letters) == 1 and ports.letters[0].startswith("detect-metrics:")
     assert ports.saves == [(3, GPU)]  # once for the micro-batch, on the partition the scrapes came from
     assert [(a.signal, a.entity) for a in ports.published] == [("gpu_xid", GPU)]
