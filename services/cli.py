@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from services import stack_cli
+from services.auth import cli as auth_cli
 from services.celery_app import QUEUES
 from services.core.errors import ClusterMedicError
 from services.core.paths import REPO_ROOT
@@ -36,6 +37,7 @@ app.add_typer(sim_cli.app, name="sim", help="The GPU inference-cluster simulator
 app.add_typer(stack_cli.app, name="stack", help="Every role as a supervised process: up, down, status, logs.")
 app.add_typer(ingest_cli.app, name="ingest", help="Receivers and watchers that feed the telemetry topics.")
 app.add_typer(remediation_cli.app, name="remediation", help="Remediation runs, playbooks and policy.")
+app.add_typer(auth_cli.app, name="token", help="API tokens: create (shown once), list, revoke.")
 app.add_typer(diag_cli.app, name="kb", help="Knowledge base: index, search; diagnose an incident.")
 app.command("diagnose", help="Diagnose an incident with the offline ranker or the configured LLM.")(
     diag_cli.diagnose_cmd
@@ -560,25 +562,26 @@ def api_serve(
     host: Annotated[str | None, typer.Option(help="Listen address (default: api_host).")] = None,
     port: Annotated[int | None, typer.Option(help="Listen port (default: api_port).")] = None,
     insecure: Annotated[
-        bool, typer.Option("--insecure", help="Allow a non-loopback address without CLUSTERMEDIC_API_TOKEN.")
+        bool,
+        typer.Option("--insecure", help="Start on a non-loopback address before any token exists (routes need one)."),
     ] = False,
 ) -> None:
-    """Run the HTTP API: incidents, silences, /healthz, /metrics.
+    """Run the HTTP API: incidents, silences, runs, tokens, the audit log, /healthz, /metrics.
 
-    It listens on loopback by default; a non-loopback address needs CLUSTERMEDIC_API_TOKEN, or
-    --insecure (a warning, and clustermedic_insecure_listener{role="api"} 1 on /metrics).
+    Every route but /healthz, /metrics and the Slack button needs a token (`medic token create`).
+    It listens on loopback by default; a non-loopback address needs CLUSTERMEDIC_API_TOKEN or a
+    stored token, or --insecure (a warning, and clustermedic_insecure_listener{role="api"} 1 on /metrics).
     """
     import uvicorn
 
     from services.api.app import create_app
-    from services.core.exposure import UnsafeListener, check_listener
+    from services.auth.http import check_api_listener
+    from services.core.exposure import UnsafeListener
 
     settings = _settings()
     host, port = host or settings.api_host, port or settings.api_port
     try:
-        listener = check_listener(
-            "api", host, port, token=settings.api_token, token_variable="CLUSTERMEDIC_API_TOKEN", insecure=insecure
-        )
+        listener = check_api_listener(settings, host, port, insecure=insecure)
     except UnsafeListener as exc:
         console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from exc

@@ -1,35 +1,42 @@
-"""The ClusterMedic HTTP API: incidents, silences, remediation runs and approvals.
+"""The ClusterMedic HTTP API: incidents, silences, remediation runs and approvals, tokens and the audit log.
 
-=====================================  ==========================================================
-``GET /healthz``                       ``{"status": "ok"}``; 503 ``{"status": "down"}`` without PostgreSQL
-``GET /metrics``                       ``clustermedic_insecure_listener{role="api"}``
-``GET /api/v1/incidents``              incidents, most recently changed first (``status``, ``limit``)
-``GET /api/v1/incidents/{id}``         one incident with its linked alerts, each with its evidence
-``POST /api/v1/silences``              create a silence (matchers, start/end or duration, author, comment)
-``GET /api/v1/silences``               silences (``state``: pending, active, expired)
-``GET /api/v1/silences/{id}``          one silence
-``DELETE /api/v1/silences/{id}``       expire a silence now
-``GET /api/v1/remediation/runs``       remediation runs (``status``, ``limit``); ``/runs/{id}`` one
-``POST .../runs/{id}/approve|reject``  decide on a level-2 run (services/remediation/api.py)
-``POST .../remediation/slack/...``     the Slack approval button (signed requests only)
-=====================================  ==========================================================
+Every route but ``/healthz``, ``/metrics`` and the Slack button (which Slack signs) needs
+``Authorization: Bearer <token>``: a token from ``medic token create`` (or the bootstrap token,
+CLUSTERMEDIC_API_TOKEN), whose role must be at least the route's (services/auth; docs/api.md). Who
+acts is the token's name, never a field of the body; every write lands in the audit log.
+
+=====================================  ========  ==================================================
+``GET /healthz``                       open      ``{"status": "ok"}``; 503 ``{"status": "down"}`` without PostgreSQL
+``GET /metrics``                       open      ``clustermedic_insecure_listener{role="api"}``
+``GET /api/v1/incidents``              viewer    incidents, most recently changed first (``status``, ``limit``)
+``GET /api/v1/incidents/{id}``         viewer    one incident with its linked alerts, each with its evidence
+``POST /api/v1/silences``              operator  create a silence (matchers, start/end or duration, comment);
+                                                 one that mutes every alert (``"all": true``) needs admin
+``GET /api/v1/silences``               viewer    silences (``state``: pending, active, expired)
+``GET /api/v1/silences/{id}``          viewer    one silence
+``DELETE /api/v1/silences/{id}``       operator  expire a silence now
+``GET /api/v1/remediation/runs``       viewer    remediation runs (``status``, ``limit``); ``/runs/{id}`` one
+``POST .../runs/{id}/approve|reject``  operator  decide on a level-2 run (services/remediation/api.py)
+``GET .../remediation/kill-switch``    viewer    the live kill switch; ``PUT`` (admin) stops or allows every run
+``POST .../remediation/slack/...``     Slack     the Slack approval button (signed requests, mapped users)
+``GET /api/v1/whoami``                 viewer    the caller's name and role
+``GET|POST /api/v1/tokens``            admin     list or create tokens; ``DELETE /api/v1/tokens/{name_or_id}``
+``GET /api/v1/audit``                  operator  the audit log (``actor``, ``action``, ``target``, ``outcome``,
+                                                 ``since``, ``until``; pages with ``before`` and ``limit``)
+=====================================  ========  ==================================================
 
 The correlate agent polls the silences table, so a silence created here mutes matching alerts within
 a few seconds. Invalid input answers 422 (schema) or 400 (a matcher that does not parse, a silence
 that would mute every alert without ``"all": true``, an end before the start), with a message that
 says which.
-
-Users and roles arrive with the console; until then the API listens on loopback by default, and with
-``api_token`` set every route but ``/healthz``, ``/metrics`` and the Slack button (which Slack signs)
-needs ``Authorization: Bearer <token>`` (services/core/exposure.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
 from typing import Any, Literal
 
@@ -41,10 +48,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.alerting.durations import parse_duration
 from services.alerting.errors import SilenceError
+from services.auth.http import AuthStore, Operator, Viewer, auth_router, install
+from services.auth.tokens import Role
 from services.core.errors import InfraError
-from services.core.exposure import OPEN_PATHS, BearerAuth, Listener, export_listener
+from services.core.exposure import OPEN_PATHS, Listener, export_listener
 from services.core.settings import Settings
 from services.remediation.api import ROUTER_PREFIX, SLACK_INTERACTIONS_ROUTE
+from services.remediation.config import RemediationSettings
 from services.remediation.executor import Executor
 from services.store.db import connect
 from services.store.incidents import get_incident, list_incidents
@@ -59,6 +69,8 @@ from services.store.silences import (
 
 API_PREFIX = "/api/v1"
 SLACK_INTERACTIONS_PATH = API_PREFIX + ROUTER_PREFIX + SLACK_INTERACTIONS_ROUTE
+# The only paths served without a token: a scraper's, a liveness probe's, and Slack's (signed instead).
+API_OPEN_PATHS: frozenset[str] = OPEN_PATHS | {SLACK_INTERACTIONS_PATH}
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +79,9 @@ class SilenceBody(BaseModel):
     """Body of ``POST /api/v1/silences``.
 
     Give either ``ends_at`` or ``duration`` (a Prometheus duration such as ``2h``). Alertmanager's
-    spellings ``startsAt``, ``endsAt`` and ``createdBy`` are accepted too. A silence that would mute
-    every alert needs ``"all": true``; until the console's roles arrive anyone who can reach the API
-    may set it, and the silence's comment records that they did.
+    spellings ``startsAt``, ``endsAt`` and ``createdBy`` are accepted too. The author is the caller's
+    token name: ``created_by`` is ignored (older clients send it). A silence that would mute every
+    alert needs ``"all": true`` from an admin; its comment records who confirmed it.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
@@ -78,9 +90,9 @@ class SilenceBody(BaseModel):
     starts_at: datetime | None = Field(default=None, alias="startsAt", description="default: now")
     ends_at: datetime | None = Field(default=None, alias="endsAt")
     duration: str | None = Field(default=None, description="instead of ends_at: 30m, 2h, 1d...")
-    created_by: str = Field(min_length=1, alias="createdBy")
+    created_by: str = Field(default="", alias="createdBy", description="ignored: the author is the caller")
     comment: str = ""
-    mute_all: bool = Field(default=False, alias="all", description="confirm a silence that mutes every alert")
+    mute_all: bool = Field(default=False, alias="all", description="confirm a silence that mutes every alert (admin)")
 
     @model_validator(mode="after")
     def _one_end(self) -> SilenceBody:
@@ -105,37 +117,36 @@ def create_app(
     *,
     clock: Callable[[], float] = time.time,
     executor: Callable[[], Executor] | None = None,
-    slack_signing_secret: str | None = None,
+    remediation: RemediationSettings | None = None,
     listener: Listener | None = None,
 ) -> FastAPI:
-    """Build the API app: incidents, silences, and remediation runs and approvals under ``/api/v1``.
+    """Build the API app: every route under ``/api/v1`` behind services/auth.
 
     Args:
-        settings: where PostgreSQL is.
-        clock: UNIX time (silence start defaults, state filters); injected by tests.
+        settings: where PostgreSQL is; ``api_token`` is the bootstrap token unless ``listener`` says.
+        clock: UNIX time (silence start defaults, state filters, the Slack timestamp check); injected
+            by tests.
         executor: returns the remediation executor; default: built on first use from the settings
             (Celery dispatcher, remediation.yaml).
-        slack_signing_secret: for the Slack approval button; default from RemediationSettings.
-        listener: what :func:`services.core.exposure.check_listener` decided (``medic api serve``);
-            default: ``api_host``/``api_port`` with ``api_token``. Its token guards every route but
-            the open ones.
+        remediation: the Slack signing secret and user mapping; default: RemediationSettings().
+        listener: what :func:`services.auth.http.check_api_listener` decided (``medic api serve``);
+            default: ``api_host``/``api_port`` with ``api_token``. Its token is the bootstrap token.
     """
     listener = listener or Listener("api", settings.api_host, settings.api_port, settings.api_token)
-    api = FastAPI(title="ClusterMedic", version="1")
-    if listener.token:
-        # Slack cannot send our token; its button is authenticated by its signature instead
-        api.add_middleware(
-            BearerAuth,
-            token=listener.token,
-            token_variable="CLUSTERMEDIC_API_TOKEN",
-            open_paths=OPEN_PATHS | {SLACK_INTERACTIONS_PATH},
-        )
+    auth_store = AuthStore(settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        auth_store.close()
+
+    api = FastAPI(title="ClusterMedic", version="1", lifespan=lifespan)
+    install(api, auth_store, bootstrap_token=listener.token, open_paths=API_OPEN_PATHS)
     registry = CollectorRegistry()
     export_listener(listener, registry)
     from services.remediation.api import create_router
-    from services.remediation.config import RemediationSettings
 
-    rsettings = RemediationSettings()
+    rsettings = remediation or RemediationSettings()
     built: list[Executor] = []
 
     def default_executor() -> Executor:
@@ -152,12 +163,14 @@ def create_app(
     api.include_router(
         create_router(
             executor or default_executor,
-            slack_signing_secret=rsettings.slack_signing_secret
-            if slack_signing_secret is None
-            else slack_signing_secret,
+            slack_signing_secret=rsettings.slack_signing_secret,
+            clock=clock,
+            slack_users=rsettings.slack_users,
+            auth_store=auth_store,
         ),
         prefix=API_PREFIX,
     )
+    api.include_router(auth_router(auth_store), prefix=API_PREFIX)
 
     @contextmanager
     def db() -> Iterator[psycopg.Connection]:
@@ -185,6 +198,7 @@ def create_app(
 
     @api.get("/api/v1/incidents")
     def incidents(
+        auth: Viewer,
         status: Literal["opened", "updated", "mitigated", "resolved"] | None = None,
         limit: int = Query(default=100, ge=1, le=1000),
     ) -> list[dict[str, Any]]:
@@ -193,7 +207,7 @@ def create_app(
         return [row.model_dump(mode="json", exclude={"alerts"}) for row in rows]
 
     @api.get("/api/v1/incidents/{incident_id}")
-    def incident(incident_id: str) -> dict[str, Any]:
+    def incident(incident_id: str, auth: Viewer) -> dict[str, Any]:
         with db() as conn:
             row = get_incident(conn, incident_id)
         if row is None:
@@ -201,7 +215,18 @@ def create_app(
         return row.model_dump(mode="json")
 
     @api.post("/api/v1/silences", status_code=201)
-    def add_silence(body: SilenceBody) -> dict[str, Any]:
+    def add_silence(body: SilenceBody, auth: Operator) -> dict[str, Any]:
+        auth.note("silence.create", matchers=body.matchers, all=body.mute_all)
+        if body.created_by and body.created_by != auth.name:
+            auth.note(claimed_created_by=body.created_by)  # kept for the record, never believed
+        identity = auth.identity
+        assert identity is not None
+        if body.mute_all and not identity.role.allows(Role.ADMIN):
+            raise HTTPException(
+                403,
+                f'a silence that mutes every alert ("all": true) needs the admin role; {auth.name!r} has '
+                f"{identity.role.value}",
+            )
         start, end = body.window(clock())
         try:
             with db() as conn:
@@ -210,17 +235,19 @@ def create_app(
                     matchers=body.matchers,
                     starts_at=start,
                     ends_at=end,
-                    created_by=body.created_by,
+                    created_by=auth.name,
                     comment=body.comment,
                     allow_all=body.mute_all,
                     via="api",
                 )
         except SilenceError as exc:
             raise HTTPException(400, str(exc)) from exc
+        auth.note(target=stored.silence_id)
         return _silence(stored, clock())
 
     @api.get("/api/v1/silences")
     def silences(
+        auth: Viewer,
         state: Literal["pending", "active", "expired"] | None = None,
         limit: int = Query(default=1000, ge=1, le=10000),
     ) -> list[dict[str, Any]]:
@@ -229,7 +256,7 @@ def create_app(
             return [_silence(s, now) for s in list_silences(conn, now=now, state=state, limit=limit)]
 
     @api.get("/api/v1/silences/{silence_id}")
-    def silence(silence_id: str) -> dict[str, Any]:
+    def silence(silence_id: str, auth: Viewer) -> dict[str, Any]:
         try:
             with db() as conn:
                 return _silence(get_silence(conn, silence_id), clock())
@@ -237,7 +264,8 @@ def create_app(
             raise HTTPException(404, str(exc)) from exc
 
     @api.delete("/api/v1/silences/{silence_id}")
-    def expire(silence_id: str) -> dict[str, Any]:
+    def expire(silence_id: str, auth: Operator) -> dict[str, Any]:
+        auth.note("silence.expire", silence_id)
         now = clock()
         try:
             with db() as conn:

@@ -11,7 +11,9 @@ control API) asks :func:`check_listener` before it binds:
   wherever the service is scraped.
 
 With a token set, every route except ``/healthz`` and ``/metrics`` needs ``Authorization: Bearer
-<token>``, compared in constant time (:func:`bearer_matches`, :class:`BearerAuth`).
+<token>``, compared in constant time (:func:`bearer_matches`, :class:`BearerAuth`). The HTTP API goes
+further (services/auth): every route needs a token of a role, whatever the address, and its stored
+tokens count as credentials here (``check_listener(credentials=...)``).
 
 Errors (under ``ConfigError`` in the tree of ``services/core/errors.py``)::
 
@@ -86,7 +88,15 @@ class Listener:
 
 
 def check_listener(
-    role: str, host: str, port: int, *, token: str | None, token_variable: str, insecure: bool = False
+    role: str,
+    host: str,
+    port: int,
+    *,
+    token: str | None,
+    token_variable: str,
+    insecure: bool = False,
+    credentials: int = 0,
+    unguarded: str = "anyone who can reach it can use it",
 ) -> Listener:
     """Decide whether a service may listen on ``host:port``; the one rule every HTTP entrypoint uses.
 
@@ -97,25 +107,24 @@ def check_listener(
         token: the configured bearer token (empty counts as unset).
         token_variable: the environment variable that sets it, named in the refusal.
         insecure: the operator's explicit ``--insecure``.
+        credentials: other credentials the service checks, each as good as a token (the API's
+            stored tokens, services/auth).
+        unguarded: what the ``--insecure`` warning says follows from listening without any.
 
     Returns:
-        The listener; ``insecure`` is True only when it is exposed without a token.
+        The listener; ``insecure`` is True only when it is exposed without a token or credential.
 
     Raises:
-        UnsafeListener: a non-loopback address, no token and no ``--insecure``.
+        UnsafeListener: a non-loopback address, no token or credential, and no ``--insecure``.
     """
     listener = Listener(role, host, port, token or None)
-    if listener.token or is_loopback(host):
+    if listener.token or credentials > 0 or is_loopback(host):
         return listener
     if not insecure:
         raise UnsafeListener(
             f"refusing to listen on {listener.address} without {token_variable}; set a token or pass --insecure"
         )
-    log.warning(
-        "%s listens on %s WITHOUT a token (--insecure): anyone who can reach it can use it",
-        role,
-        listener.address,
-    )
+    log.warning("%s listens on %s WITHOUT a token (--insecure): %s", role, listener.address, unguarded)
     return Listener(role, host, port, None, insecure=True)
 
 
@@ -129,6 +138,12 @@ def export_listener(listener: Listener, registry: CollectorRegistry) -> Gauge:
     )
     gauge.labels(listener.role).set(1 if listener.insecure else 0)
     return gauge
+
+
+def bearer_token(authorization: str) -> str | None:
+    """The token an ``Authorization: Bearer <token>`` header carries, else None."""
+    scheme, _, given = authorization.partition(" ")
+    return given.strip() if scheme.lower() == "bearer" and given.strip() else None
 
 
 def bearer_matches(authorization: str, token: str) -> bool:

@@ -330,16 +330,17 @@ class Settings(BaseSettings):
     api_host: str = Field(
         default="127.0.0.1",
         description=(
-            "Address the API service (incidents, silences) listens on. A non-loopback address needs"
-            " api_token (or `--insecure`)."
+            "Address the API service (incidents, silences, runs, tokens, audit) listens on. A non-loopback"
+            " address needs api_token or a stored token from `medic token create` (or `--insecure`)."
         ),
     )
     api_port: int = Field(default=8080, description="Port of the API service.")
     api_token: str | None = Field(
         default=None,
         description=(
-            "Bearer token every API route but /healthz, /metrics and the signed Slack button requires."
-            " Unset: allowed on a loopback address only."
+            "Bootstrap token of the API: an admin named `bootstrap`, for the first `POST /api/v1/tokens` and"
+            " for deployments that set one secret. People and tools get their own (`medic token create`);"
+            " every API route but /healthz, /metrics and the signed Slack button needs one or the other."
         ),
     )
 

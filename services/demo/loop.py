@@ -16,9 +16,11 @@ What runs (every process is started here and stopped at the end, by PID):
 * a local Slack and PagerDuty stand-in (:mod:`services.notify.standin`) as the routing tree's receivers.
 
 While it runs, :class:`~services.demo.view.LiveView` follows the topics and the simulator. A run that
-waits for approval is approved through the API after a visible pause, as an on-call engineer would;
-a level-3 run pages the PagerDuty stand-in. The demo ends with one row per planted fault and fails
-(exit status 1) when any fault was not mitigated.
+waits for approval is approved through the API after a visible pause, as an on-call engineer would,
+with an operator token named ``demo-oncall`` made in the run's database as ``medic token create``
+makes one (the API records that name as the approver); a level-3 run pages the PagerDuty stand-in.
+The demo ends with one row per planted fault and fails (exit status 1) when any fault was not
+mitigated.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 
 SCRAPE_INTERVAL_SIM_S = 15.0  # a DCGM exporter's usual scrape interval, in simulated seconds
 APPROVAL_PAUSE_S = 8.0  # wall seconds the demo "thinks" before it approves a level-2 run
+ONCALL = "demo-oncall"  # the operator token the demo approves with: the approver every approval records
 
 
 @dataclass
@@ -170,7 +173,6 @@ def demo_env(
             "CLUSTERMEDIC_API_PORT": str(ports.api),
             "CLUSTERMEDIC_INGEST_TOKEN": tokens["ingest"],
             "CLUSTERMEDIC_SIM_TOKEN": tokens["sim"],
-            "CLUSTERMEDIC_API_TOKEN": tokens["api"],
             "CLUSTERMEDIC_FAUST_WEB_PORT": str(ports.faust_detect),
             "CLUSTERMEDIC_REMEDIATION_CONFIG": str(files["remediation"]),
             "CLUSTERMEDIC_ROUTING_CONFIG": str(files["routing"]),
@@ -273,7 +275,8 @@ def running_demo(
     run_dir = config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     ports = Ports.pick()
-    tokens = {name: secrets.token_hex(16) for name in ("ingest", "sim", "api")}
+    tokens = {name: secrets.token_hex(16) for name in ("ingest", "sim")}
+    tokens["oncall"] = oncall_token(settings)
     vendor = VendorServer().start()
     files = write_configs(run_dir, ports, vendor.url, config.speed)
     (files["secrets"] / "ingest-token").write_text(tokens["ingest"])
@@ -412,7 +415,7 @@ def run_demo(settings: Settings, config: DemoConfig, console: Any) -> DemoResult
             base_url=f"http://127.0.0.1:{ports.sim}", headers={"Authorization": f"Bearer {tokens['sim']}"}
         )
         api = httpx.Client(
-            base_url=f"http://127.0.0.1:{ports.api}", headers={"Authorization": f"Bearer {tokens['api']}"}
+            base_url=f"http://127.0.0.1:{ports.api}", headers={"Authorization": f"Bearer {tokens['oncall']}"}
         )
         approvals: dict[str, float] = {}
         announced: set[str] = set()
@@ -494,12 +497,27 @@ def _answer_runs(
                 view.say(f"{run_id} no longer waits for approval ({current.status}): not approved")
                 approvals[run_id] = 0.0
                 continue
+            # the approver is the token's name (demo-oncall), never a field of the body
             answer = api.post(
                 f"/api/v1/remediation/runs/{run_id}/approve",
-                json={"approver": "demo-oncall", "comment": "approved by make demo after reading the diagnosis"},
+                json={"comment": "approved by make demo after reading the diagnosis"},
             )
             view.say(f"approved {run_id} through the API: HTTP {answer.status_code}")
             approvals[run_id] = 0.0
+
+
+def oncall_token(settings: Settings) -> str:
+    """An operator token named :data:`ONCALL` in the run's own (fresh) database, as ``medic token create`` makes it.
+
+    The demo's API listens on loopback and has no bootstrap token: the demo approves the way an
+    on-call engineer would, with a token of their own.
+    """
+    from services.auth.tokens import Role, create_token
+    from services.store.db import connect
+
+    with connect(settings) as conn:
+        _, token = create_token(conn, name=ONCALL, role=Role.OPERATOR, created_by="medic demo")
+    return token
 
 
 def drop_old_demo_topics(settings: Settings, keep: str) -> list[str]:

@@ -33,6 +33,14 @@ class RemediationSettings(BaseSettings):
     config: Path = Field(default=DEFAULT_CONFIG, description="remediation.yaml to load")
     actuator_url: str | None = Field(default=None, description="overrides actuator.url of the YAML")
     slack_signing_secret: str = Field(default="", description="Slack app signing secret (interactivity)")
+    slack_users: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            'Slack user id -> the name of a ClusterMedic token (JSON object, e.g. {"U024BE7LH": "carol"}):'
+            " a click on an approval button counts as that identity's, which must hold an active operator or"
+            " admin token; anyone else's click is refused with a message"
+        ),
+    )
     recover_interval_s: float = Field(
         default=30.0,
         gt=0,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs
 
 from services.remediation.errors import SignatureError
@@ -47,23 +47,40 @@ def verify_signature(secret: str, timestamp: str | None, body: bytes, signature:
         raise SignatureError("bad signature")
 
 
-def parse_interaction(body: bytes) -> tuple[str, str, str]:
-    """Return ``(action_id, run_id, user)`` from a ``block_actions`` form body.
+class Interaction(NamedTuple):
+    """One click on an approval button.
+
+    Attributes:
+        action_id: :data:`APPROVE_ACTION` or :data:`REJECT_ACTION`.
+        run_id: the run the button is for.
+        user_id: the Slack user id (``U024BE7LH``): stable, what RemediationSettings.slack_users maps.
+        user_name: the user's name as Slack sent it, for messages only (a user may rename themselves).
+    """
+
+    action_id: str
+    run_id: str
+    user_id: str
+    user_name: str
+
+
+def parse_interaction(body: bytes) -> Interaction:
+    """The click in a ``block_actions`` form body.
 
     Raises:
-        SignatureError: the body is not a block_actions payload with one of our buttons.
+        SignatureError: the body is not a block_actions payload with one of our buttons and a user id.
     """
     try:
         payload: dict[str, Any] = json.loads(parse_qs(body.decode())["payload"][0])
         action = payload["actions"][0]
         user = payload.get("user", {})
-        name = user.get("username") or user.get("name") or user.get("id") or ""
+        user_id = str(user.get("id") or "")
+        name = str(user.get("username") or user.get("name") or user_id)
         action_id, run_id = str(action["action_id"]), str(action["value"])
-    except (KeyError, IndexError, ValueError, UnicodeDecodeError) as exc:
+    except (KeyError, IndexError, ValueError, UnicodeDecodeError, AttributeError, TypeError) as exc:
         raise SignatureError(f"not a Slack block_actions payload: {exc}") from exc
-    if action_id not in (APPROVE_ACTION, REJECT_ACTION) or not name:
-        raise SignatureError(f"unexpected action {action_id!r} or no user")
-    return action_id, run_id, f"slack:{name}"
+    if action_id not in (APPROVE_ACTION, REJECT_ACTION) or not user_id:
+        raise SignatureError(f"unexpected action {action_id!r} or no user id")
+    return Interaction(action_id, run_id, user_id, name)
 
 
 def approval_blocks(run_id: str, playbook: str, description: str, params: dict[str, Any]) -> list[dict[str, Any]]:

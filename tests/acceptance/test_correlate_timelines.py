@@ -37,6 +37,7 @@ from tests.acceptance.timeline import (
     run_timelines,
     wait_for,
 )
+from tests.api_auth import auth_headers
 
 pytestmark = pytest.mark.integration
 
@@ -170,7 +171,6 @@ class SilenceCase:
         body = {
             "matchers": ['alertname="disk_full"', 'cluster="tl-silence"'],
             "duration": "1h",
-            "created_by": "acceptance",
             "comment": "replacing the disk",
         }
         response = await asyncio.to_thread(self.api.post, "/api/v1/silences", json=body)
@@ -224,7 +224,7 @@ def played(kafka_ready: None, module_database: Settings) -> dict[str, Timeline]:
     settings = module_database
     migrate(settings)
     ensure_topics(settings)
-    api = TestClient(create_app(settings))
+    api = TestClient(create_app(settings), headers=auth_headers(settings, "acceptance"))
     silence = SilenceCase(api)
     timelines = [
         group_timeline(),

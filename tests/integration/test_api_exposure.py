@@ -1,5 +1,6 @@
-"""Through the real PostgreSQL: the API's bearer token, and silences that would mute every alert
-(refused without ``all``, recorded with it) through the HTTP API and `medic silences add`."""
+"""Through the real PostgreSQL: the API's bootstrap token and listener gauge, and silences that would
+mute every alert (refused without ``all``, recorded with it from an admin) through the HTTP API and
+`medic silences add`. tests/integration/test_api_auth.py covers stored tokens, roles and the audit log."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from services.api.app import SLACK_INTERACTIONS_PATH, create_app
+from services.auth.tokens import Role
 from services.cli import app as cli
 from services.core.exposure import Listener
 from services.core.settings import Settings
 from services.store.db import connect, migrate
 from services.store.silences import list_silences
+from tests.api_auth import auth_headers
 
 pytestmark = pytest.mark.integration
 
 
-def test_api_routes_need_the_token_when_one_is_set(fresh_database: Settings) -> None:
+def test_the_bootstrap_token_is_an_admin_named_bootstrap(fresh_database: Settings) -> None:
     migrate(fresh_database)
     settings = fresh_database.model_copy(update={"api_token": "api-t0k"})
     good = {"Authorization": "Bearer api-t0k"}
@@ -36,14 +39,19 @@ def test_api_routes_need_the_token_when_one_is_set(fresh_database: Settings) -> 
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "api-t0k"}):
                 answer = api.request(method, path, json=body, headers=headers)
                 assert answer.status_code == 401, (method, path, headers)
-                assert answer.json()["detail"].endswith("send Authorization: Bearer <CLUSTERMEDIC_API_TOKEN>")
-                assert answer.headers["WWW-Authenticate"] == "Bearer"
+                assert answer.headers["WWW-Authenticate"].startswith('Bearer realm="clustermedic"')
         assert api.get("/healthz").status_code == 200
         assert 'clustermedic_insecure_listener{role="api"} 0.0' in api.get("/metrics").text
         # the Slack button carries Slack's signature, not our token: it reaches the signature check
         slack = api.post(SLACK_INTERACTIONS_PATH, content=b"payload=%7B%7D")
-        assert slack.status_code == 401 and "CLUSTERMEDIC_API_TOKEN" not in slack.text
-        assert api.post("/api/v1/silences", json=body, headers=good).status_code == 201
+        assert slack.status_code == 401 and "signing secret" in slack.text
+        assert api.get("/api/v1/whoami", headers=good).json() == {
+            "name": "bootstrap",
+            "role": "admin",
+            "via": "bootstrap",
+        }
+        created = api.post("/api/v1/silences", json=body, headers=good)
+        assert created.status_code == 201 and created.json()["created_by"] == "bootstrap"  # not the body's "ana"
         assert len(api.get("/api/v1/silences", headers=good).json()) == 1
     with connect(settings) as conn:
         assert len(list_silences(conn, now=time.time())) == 1  # only the authenticated one was stored
@@ -54,7 +62,10 @@ def test_api_metrics_show_an_insecure_listener(fresh_database: Settings) -> None
     exposed = Listener("api", "0.0.0.0", 8080, None, insecure=True)
     with TestClient(create_app(fresh_database, listener=exposed)) as api:
         assert 'clustermedic_insecure_listener{role="api"} 1.0' in api.get("/metrics").text
-        assert api.get("/api/v1/incidents").json() == []  # open: nobody set a token
+        # --insecure lets it start before any token exists; it opens nothing
+        assert api.get("/api/v1/incidents").status_code == 401
+        viewer = auth_headers(fresh_database, "vic", Role.VIEWER)
+        assert api.get("/api/v1/incidents", headers=viewer).json() == []
 
 
 @pytest.mark.parametrize("matchers", [['alertname=~".+"'], ['alertname=~".*"', 'x!="nonexistent"'], ['severity!="x"']])
@@ -63,7 +74,7 @@ def test_api_refuses_a_silence_that_mutes_every_alert_without_all(
 ) -> None:
     migrate(fresh_database)
     now = time.time()
-    api = TestClient(create_app(fresh_database, clock=lambda: now))
+    api = TestClient(create_app(fresh_database, clock=lambda: now), headers=auth_headers(fresh_database, "ana"))
     refused = api.post("/api/v1/silences", json={"matchers": matchers, "duration": "1h", "createdBy": "ana"})
     assert refused.status_code == 400
     assert "would mute every alert" in refused.json()["detail"] and '"all": true' in refused.json()["detail"]
@@ -75,17 +86,21 @@ def test_api_refuses_a_silence_that_mutes_every_alert_without_all(
     assert narrow.status_code == 201 and "mutes every alert" not in narrow.json()["comment"]
 
 
-def test_api_records_a_confirmed_mute_all_silence(fresh_database: Settings) -> None:
+def test_api_records_a_confirmed_mute_all_silence_from_an_admin_only(fresh_database: Settings) -> None:
     migrate(fresh_database)
     now = time.time()
-    api = TestClient(create_app(fresh_database, clock=lambda: now))
+    app = create_app(fresh_database, clock=lambda: now)
+    api = TestClient(app, headers=auth_headers(fresh_database, "ana", Role.ADMIN))
     body = {
         "matchers": ['alertname=~".+"'],
         "duration": "30m",
-        "createdBy": "ana",
+        "createdBy": "someone-else",
         "comment": "maintenance",
         "all": True,
     }
+    operator = TestClient(app, headers=auth_headers(fresh_database, "otto", Role.OPERATOR))
+    denied = operator.post("/api/v1/silences", json=body)
+    assert denied.status_code == 403 and "needs the admin role" in denied.json()["detail"]
     created = api.post("/api/v1/silences", json=body)
     assert created.status_code == 201, created.text
     stored = created.json()

@@ -14,6 +14,7 @@ from services.core.events import AlertRef, IncidentEvent
 from services.store.db import connect, migrate
 from services.store.incidents import get_incident, list_incidents, upsert_incident_events
 from services.store.silences import create_silence, engine_silences, expire_silence
+from tests.api_auth import auth_headers
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +65,7 @@ def test_incident_upserts_are_idempotent_and_never_go_back_in_time(fresh_databas
 def test_silences_through_the_api(fresh_database):
     migrate(fresh_database)
     now = time.time()
-    api = TestClient(create_app(fresh_database, clock=lambda: now))
+    api = TestClient(create_app(fresh_database, clock=lambda: now), headers=auth_headers(fresh_database, "ana"))
     assert api.get("/healthz").json() == {"status": "ok"}
 
     created = api.post(
@@ -73,7 +74,7 @@ def test_silences_through_the_api(fresh_database):
     )
     assert created.status_code == 201, created.text
     body = created.json()
-    assert body["state"] == "active" and body["created_by"] == "ana"
+    assert body["state"] == "active" and body["created_by"] == "ana"  # the token's name
     assert api.get("/api/v1/silences", params={"state": "active"}).json()[0]["silence_id"] == body["silence_id"]
 
     everything = api.post("/api/v1/silences", json={"matchers": ['node=~".*"'], "duration": "1h", "created_by": "x"})

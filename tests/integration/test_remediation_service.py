@@ -13,6 +13,7 @@ from services.remediation.config import RemediationSettings
 from services.remediation.runtime import build_executor
 from services.remediation.service import run
 from services.store.db import migrate
+from tests.api_auth import auth_headers
 from tests.integration.test_remediation_harness import RecordingDispatcher
 
 pytestmark = pytest.mark.integration
@@ -68,12 +69,13 @@ def test_the_api_serves_remediation_runs_and_approvals(fresh_database):
     executor = build_executor(fresh_database, RemediationSettings(), dispatcher)
     run_id, decision = executor.submit(_diagnosis("inc-api-1", "reboot_node"))
     assert decision.outcome == "await_approval"
-    api = TestClient(create_app(fresh_database, executor=lambda: executor))
+    api = TestClient(create_app(fresh_database, executor=lambda: executor), headers=auth_headers(fresh_database, "ana"))
 
     listed = api.get("/api/v1/remediation/runs").json()
     assert [r["run_id"] for r in listed] == [run_id]
-    approved = api.post(f"/api/v1/remediation/runs/{run_id}/approve", json={"approver": "ana", "comment": "go"})
+    approved = api.post(f"/api/v1/remediation/runs/{run_id}/approve", json={"comment": "go"})
     assert approved.status_code == 200, approved.text
+    assert approved.json()["approver"] == "ana"  # the token's name
     assert dispatcher.started == [run_id], "an approved run starts"
     assert api.post(f"/api/v1/remediation/runs/{run_id}/approve", json={"approver": "bo"}).status_code == 409
 

@@ -163,18 +163,24 @@ def test_simulator_control_api_applies_the_listener_rule() -> None:
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "gpu-node-1.example.com"])
 @pytest.mark.parametrize(
-    ("command", "variable"),
-    [(["ingest", "serve"], "CLUSTERMEDIC_INGEST_TOKEN"), (["api", "serve"], "CLUSTERMEDIC_API_TOKEN")],
+    ("command", "variable", "credentials"),
+    [
+        (["ingest", "serve"], "CLUSTERMEDIC_INGEST_TOKEN", "CLUSTERMEDIC_INGEST_TOKEN"),
+        (["api", "serve"], "CLUSTERMEDIC_API_TOKEN", "CLUSTERMEDIC_API_TOKEN or a stored token (medic token create)"),
+    ],
 )
 def test_serve_commands_refuse_an_exposed_address_without_a_token(
-    host: str, command: list[str], variable: str, monkeypatch: pytest.MonkeyPatch
+    host: str, command: list[str], variable: str, credentials: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from services.cli import app
 
     monkeypatch.delenv(variable, raising=False)
-    # a broker that does not exist: the refusal must come before any connection is tried
+    # a broker that does not exist: the refusal must come before any connection to it is tried
     monkeypatch.setenv("CLUSTERMEDIC_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    # the API counts its stored tokens as credentials: a database that does not answer holds none
+    monkeypatch.setenv("CLUSTERMEDIC_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2")
     result = CliRunner().invoke(app, [*command, "--host", host, "--port", "9091"])
     assert result.exit_code == 2, result.output
     shown = host if ":" not in host else f"[{host}]"
-    assert f"refusing to listen on {shown}:9091 without {variable}; set a token or pass --insecure" in result.output
+    refusal = f"refusing to listen on {shown}:9091 without {credentials}; set a token or pass --insecure"
+    assert refusal in " ".join(result.output.split())
