@@ -2,7 +2,7 @@
 
     python bench/ingest_pull.py [--repeat 5]
 
-Runs the three pull clients of services/ingest/pull.py against in-process fakes (httpx MockTransport)
+Runs the three pull clients of services/ingest/sources/ against in-process fakes (httpx MockTransport)
 with a MemoryPublisher behind the real PublishQueue, so the figures are the clients' own CPU cost,
 not Kafka's or the network's:
 
@@ -32,8 +32,11 @@ sys.path.insert(0, str(REPO))
 
 from services.core.events import MetricBatch  # noqa: E402
 from services.ingest.memory import MemoryPublisher  # noqa: E402
-from services.ingest.pull import Delivery, LokiPuller, PrometheusPuller, Scraper  # noqa: E402
+from services.ingest.pull import Delivery  # noqa: E402
 from services.ingest.sink import IngestMetrics, PublishQueue  # noqa: E402
+from services.ingest.sources.loki import LokiPuller  # noqa: E402
+from services.ingest.sources.prometheus import PrometheusPuller  # noqa: E402
+from services.ingest.sources.scrape import Scraper  # noqa: E402
 from services.simulator.scenario import Scenario  # noqa: E402
 from services.simulator.simulator import Simulator  # noqa: E402
 from services.simulator.sinks import MemorySink, render_exposition  # noqa: E402

@@ -1,20 +1,68 @@
 """``medic ingest …``: the ingest service's commands (a typer sub-app the main CLI mounts).
 
-Each command builds one Settings object from the environment and passes it down.
+Each command builds one Settings object from the environment and passes it down. ``serve`` (the push
+receivers), ``watch-k8s`` and ``nvml`` are written here; the pull sources' commands (``scrape``,
+``pull-prom``, ``pull-loki``...) are built from the ingest-source registry by :func:`source_command`,
+one per :data:`services.ingest.registry.SOURCES` entry.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
+from services.core.errors import ConfigError, PluginError
 from services.core.events import MetricBatch
 from services.core.settings import Settings
 
-app = typer.Typer(help="Ingest from Prometheus, Loki, Alertmanager and Kubernetes into Kafka.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from typer._click.core import Command, Context  # typer vendors click: the types TyperGroup is written with
+
+    from services.ingest.source import PullSource
+
+
+class _IngestGroup(TyperGroup):
+    """The ``ingest`` commands, plus one per registered pull source, added the first time one is asked for.
+
+    A source's command needs its module (and what it imports: the protobuf schemas of remote_write,
+    ~0.2 s), so the sources are loaded when ``medic ingest ...`` resolves a command or lists them,
+    not when ``medic`` starts for another command.
+    """
+
+    _sources_added = False
+
+    def _add_sources(self) -> None:
+        if self._sources_added:
+            return
+        from services.ingest.registry import SOURCES
+
+        for name in SOURCES.names():
+            source = SOURCES.load(name)
+            if source.command in self.commands:
+                raise PluginError(f"ingest source {name!r}: the command {source.command!r} is already taken")
+            single = typer.Typer(add_completion=False)
+            single.command(source.command, help=source.summary)(source_command(source))
+            self.commands[source.command] = typer.main.get_command(single)
+        self._sources_added = True
+
+    def list_commands(self, ctx: Context) -> list[str]:
+        self._add_sources()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
+        if cmd_name not in self.commands:
+            self._add_sources()
+        return super().get_command(ctx, cmd_name)
+
+
+app = typer.Typer(
+    help="Ingest from Prometheus, Loki, Alertmanager and Kubernetes into Kafka.", no_args_is_help=True, cls=_IngestGroup
+)
 
 
 @app.callback()
@@ -159,7 +207,7 @@ def nvml(
 def _run_pull(settings: Settings, name: str, interval_s: float, once: bool, make_client: Callable[..., Any]) -> None:
     """Run a pull client against the real Kafka: once, or every ``interval_s`` until SIGTERM / Ctrl-C.
 
-    ``make_client(delivery)`` builds the client (a Scraper, PrometheusPuller or LokiPuller).
+    ``make_client(delivery)`` builds the client (:meth:`PullSource.build <services.ingest.source.PullSource.build>`).
     """
     import signal
     import threading
@@ -186,137 +234,40 @@ def _run_pull(settings: Settings, name: str, interval_s: float, once: bool, make
         delivery.queue.stop(settings.ingest_flush_timeout_s)
 
 
-def _cursor_store(settings: Settings, command: str) -> Any:
-    """The command's cursors file in the state directory: a restart resumes where the last run stopped."""
-    from services.ingest.pull import CursorStore
-
-    return CursorStore(settings.state_dir / f"ingest-{command}-cursors.json")
-
-
 _ONCE = typer.Option(help="Poll once, print how many items were published, exit.")
 
 
-@app.command()
-def scrape(
-    target: Annotated[
-        list[str] | None,
-        typer.Option(help="URL of a /metrics endpoint; repeat for several (default: ingest_scrape_targets)."),
-    ] = None,
-    interval: Annotated[
-        float | None, typer.Option(help="Seconds between scrapes (default: ingest_scrape_interval_s).")
-    ] = None,
-    job: Annotated[str | None, typer.Option(help="job label of scraped samples (default: ingest_scrape_job).")] = None,
-    once: Annotated[bool, _ONCE] = False,
-) -> None:
-    """Scrape Prometheus /metrics endpoints (text format) into telemetry.metrics.v1."""
-    from services.ingest.pull import Scraper
+def source_command(source: type[PullSource]) -> Callable[..., None]:
+    """The ``medic ingest <source.command>`` function: the source's options, ``--once``, and the poll loop.
 
-    settings = _settings(ingest_scrape_targets=target or None, ingest_scrape_interval_s=interval, ingest_scrape_job=job)
-    if not settings.ingest_scrape_targets:
-        typer.echo("error: no targets: pass --target URL or set CLUSTERMEDIC_INGEST_SCRAPE_TARGETS", err=True)
-        raise typer.Exit(2)
+    Each option becomes ``--<name>`` (default None: the setting's value, or the source's default),
+    overriding its setting or going to the source's own flags; the settings are built once, the source
+    made from them and checked (a :class:`ConfigError` is printed as ``error: ...`` with exit code 2),
+    and its client is polled through the publish queue (:func:`_run_pull`).
+    """
 
-    def make(delivery: Any) -> Scraper:
-        return Scraper(
-            settings.ingest_scrape_targets,
-            delivery,
-            job=settings.ingest_scrape_job,
-            timeout_s=min(settings.ingest_scrape_interval_s, 10.0),
-            max_bytes=settings.ingest_max_decompressed_bytes,
-            max_samples=settings.ingest_max_samples_per_batch,
-        )
+    def command(**values: Any) -> None:
+        once = bool(values.pop("once", False))
+        try:
+            overrides, flags = source.split(values)
+            settings = _settings(**overrides)
+            configured = source(settings, flags)
+            configured.check()
+        except ConfigError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        _run_pull(settings, source.command, configured.interval_s, once, configured.build)
 
-    _run_pull(settings, "scrape", settings.ingest_scrape_interval_s, once, make)
-
-
-@app.command("pull-prom")
-def pull_prom(
-    url: Annotated[str | None, typer.Option(help="Prometheus base URL (default: ingest_prometheus_url).")] = None,
-    query: Annotated[
-        list[str] | None,
-        typer.Option(help="NAME=PROMQL to pull; repeat for several (default: ingest_prometheus_queries)."),
-    ] = None,
-    step: Annotated[
-        float | None, typer.Option(help="query_range step in seconds (default: ingest_pull_step_s).")
-    ] = None,
-    interval: Annotated[
-        float | None, typer.Option(help="Seconds between polls (default: ingest_pull_interval_s).")
-    ] = None,
-    once: Annotated[bool, _ONCE] = False,
-) -> None:
-    """Pull PromQL queries from Prometheus with query_range into telemetry.metrics.v1, resuming per query."""
-    from services.ingest.pull import PrometheusPuller
-
-    queries: dict[str, str] = {}
-    for item in query or []:
-        name, sep, promql = item.partition("=")
-        if not sep or not name.strip() or not promql.strip():
-            typer.echo(f"error: --query {item!r} is not NAME=PROMQL", err=True)
-            raise typer.Exit(2)
-        queries[name.strip()] = promql.strip()
-    settings = _settings(
-        ingest_prometheus_url=url,
-        ingest_prometheus_queries=queries or None,
-        ingest_pull_step_s=step,
-        ingest_pull_interval_s=interval,
-    )
-    if not settings.ingest_prometheus_url or not settings.ingest_prometheus_queries:
-        typer.echo("error: pull-prom needs --url and at least one --query NAME=PROMQL (or their settings)", err=True)
-        raise typer.Exit(2)
-    base_url = settings.ingest_prometheus_url
-
-    def make(delivery: Any) -> PrometheusPuller:
-        return PrometheusPuller(
-            base_url,
-            settings.ingest_prometheus_queries,
-            delivery,
-            step_s=settings.ingest_pull_step_s,
-            lookback_s=settings.ingest_pull_interval_s,
-            max_bytes=settings.ingest_max_decompressed_bytes,
-            max_samples=settings.ingest_max_samples_per_batch,
-            cursors=_cursor_store(settings, "pull-prom"),
-            max_catchup_s=settings.ingest_pull_max_catchup_s,
-        )
-
-    _run_pull(settings, "pull-prom", settings.ingest_pull_interval_s, once, make)
-
-
-@app.command("pull-loki")
-def pull_loki(
-    url: Annotated[str | None, typer.Option(help="Loki base URL (default: ingest_loki_url).")] = None,
-    query: Annotated[str | None, typer.Option(help="LogQL log query to follow (default: ingest_loki_query).")] = None,
-    limit: Annotated[
-        int | None, typer.Option(help="Entries per query_range page (default: ingest_loki_limit).")
-    ] = None,
-    interval: Annotated[
-        float | None, typer.Option(help="Seconds between polls (default: ingest_pull_interval_s).")
-    ] = None,
-    once: Annotated[bool, _ONCE] = False,
-) -> None:
-    """Follow a LogQL query with Loki's query_range into telemetry.logs.v1 (no duplicates, no gaps)."""
-    from services.ingest.pull import LokiPuller
-
-    settings = _settings(
-        ingest_loki_url=url, ingest_loki_query=query, ingest_loki_limit=limit, ingest_pull_interval_s=interval
-    )
-    if not settings.ingest_loki_url:
-        typer.echo("error: pull-loki needs --url (or CLUSTERMEDIC_INGEST_LOKI_URL)", err=True)
-        raise typer.Exit(2)
-    base_url = settings.ingest_loki_url
-
-    def make(delivery: Any) -> LokiPuller:
-        return LokiPuller(
-            base_url,
-            settings.ingest_loki_query,
-            delivery,
-            limit=settings.ingest_loki_limit,
-            lookback_s=settings.ingest_pull_interval_s,
-            max_bytes=settings.ingest_max_decompressed_bytes,
-            cursors=_cursor_store(settings, "pull-loki"),
-            max_catchup_s=settings.ingest_pull_max_catchup_s,
-        )
-
-    _run_pull(settings, "pull-loki", settings.ingest_pull_interval_s, once, make)
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    params = [
+        inspect.Parameter(o.name, keyword, default=None, annotation=Annotated[o.type | None, typer.Option(help=o.help)])
+        for o in source.options
+    ]
+    params.append(inspect.Parameter("once", keyword, default=False, annotation=Annotated[bool, _ONCE]))
+    command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    command.__name__ = command.__qualname__ = source.command.replace("-", "_")
+    command.__doc__ = source.summary
+    return command
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ from services.core.bus import KafkaPublisher, ensure_topics
 from services.core.events import DeadLetter, LogRecord, MetricBatch
 from services.core.settings import Settings
 from services.ingest.cli import app as ingest_app
-from services.ingest.pull import LokiPuller, PrometheusPuller, delivery_for
+from services.ingest.pull import delivery_for
+from services.ingest.sources.loki import LokiPuller
+from services.ingest.sources.prometheus import PrometheusPuller
 from services.simulator.scenario import Scenario
 from services.simulator.simulator import Simulator
 from services.simulator.sinks import PrometheusSink

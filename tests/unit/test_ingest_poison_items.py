@@ -21,8 +21,10 @@ from services.core.events import DeadLetter, KubeEvent, LogRecord, MetricBatch
 from services.ingest.errors import RejectedInput
 from services.ingest.kube import EventWatcher
 from services.ingest.memory import MemoryPublisher
-from services.ingest.pull import Delivery, LokiPuller, PrometheusPuller
+from services.ingest.pull import Delivery
 from services.ingest.sink import IngestMetrics, PublishQueue
+from services.ingest.sources.loki import LokiPuller
+from services.ingest.sources.prometheus import PrometheusPuller
 
 NS = 1_000_000_000
 T0 = int(time.time()) * NS

@@ -21,16 +21,11 @@ from typer.testing import CliRunner
 from services.core.events import DeadLetter, LogRecord, MetricBatch
 from services.ingest.errors import RejectedInput
 from services.ingest.memory import MemoryPublisher
-from services.ingest.pull import (
-    CursorStore,
-    Delivery,
-    LokiPuller,
-    PrometheusPuller,
-    Scraper,
-    parse_exposition,
-    run_every,
-)
+from services.ingest.pull import CursorStore, Delivery, run_every
 from services.ingest.sink import IngestMetrics, PublishQueue
+from services.ingest.sources.loki import LokiPuller
+from services.ingest.sources.prometheus import PrometheusPuller
+from services.ingest.sources.scrape import Scraper, parse_exposition
 from tests.loki_standin import QUERY_RANGE, LokiStandIn
 
 GPU = "GPU-5f1c2a7e-0d3b-4c1e-9a55-1b2c3d4e5f60"
@@ -522,6 +517,24 @@ def test_pull_commands_explain_missing_configuration(args: list[str], message: s
     result = CliRunner().invoke(app, args, env={"CLUSTERMEDIC_INGEST_SCRAPE_TARGETS": "[]"})
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_each_registered_source_gets_its_command_with_its_flags() -> None:
+    from services.ingest.cli import app
+    from services.ingest.registry import SOURCES
+
+    flags = {
+        "scrape": ["--target", "--interval", "--job", "--once"],
+        "pull-prom": ["--url", "--query", "--step", "--interval", "--once"],
+        "pull-loki": ["--url", "--query", "--limit", "--interval", "--once"],
+    }
+    commands = {SOURCES.load(name).command: SOURCES.load(name) for name in SOURCES.names()}
+    assert sorted(commands) == sorted(flags)
+    for command, source in commands.items():
+        assert [f"--{o.name}" for o in source.options] + ["--once"] == flags[command]
+        shown = CliRunner().invoke(app, [command, "--help"])
+        assert shown.exit_code == 0, shown.output
+        assert all(flag in shown.output for flag in flags[command]) and source.summary[:40] in shown.output
 
 
 def test_dead_letter_keeps_the_configured_prefix_of_a_large_answer(delivery: tuple[Delivery, MemoryPublisher]) -> None:

@@ -23,8 +23,11 @@ from services.ingest.http import ALERTMANAGER_PATH, LOKI_PUSH_PATH, REMOTE_WRITE
 from services.ingest.kube import EventWatcher
 from services.ingest.memory import MemoryPublisher
 from services.ingest.normalise import encode_loki_protobuf, encode_remote_write
-from services.ingest.pull import Delivery, LokiPuller, PrometheusPuller, Scraper
+from services.ingest.pull import Delivery
 from services.ingest.sink import IngestMetrics, PublishQueue
+from services.ingest.sources.loki import LokiPuller
+from services.ingest.sources.prometheus import PrometheusPuller
+from services.ingest.sources.scrape import Scraper
 from services.ingest.timebounds import TimeCheck
 
 Y2001 = 978_307_200.0  # 2001-01-01T00:00:00Z

@@ -26,6 +26,7 @@ from services.ingest import normalise, pull
 from services.ingest.errors import RejectedInput
 from services.ingest.fastwrite import SeriesCache
 from services.ingest.kube import EventWatcher
+from services.ingest.sources import loki, prometheus, scrape
 from services.ingest.timebounds import TimeCheck
 from tests.hostile import (
     exposition_texts,
@@ -286,7 +287,7 @@ def test_a_relist_emits_one_event_or_dead_letter_per_new_object(objects: list[An
 @example(text="x 1 " + "1" * 400 + "\n")  # a timestamp too large: OverflowError inside prometheus_client
 def test_scraped_expositions_parse_or_refuse(text: str) -> None:
     try:
-        series = pull.parse_exposition(text, scrape_ts=NOW, target_labels={"job": "j", "instance": "i"})
+        series = scrape.parse_exposition(text, scrape_ts=NOW, target_labels={"job": "j", "instance": "i"})
     except RejectedInput:
         return
     normalise.metric_batches(series, source="scrape", max_samples=1000, check=_check())
@@ -315,12 +316,12 @@ PULL_SEEDS: list[Any] = [
 
 def _pull_answer(raw: bytes) -> None:
     answer = pull.Answer("http://x", 200, "application/json", raw, True)
-    data = pull._json_answer(answer, "q")
+    data = pull.json_answer(answer, "q")
     skipped = pull.Skipped()
     if data.get("resultType") == "streams":
-        pull.log_records(pull.loki_entries(data, what="q", skipped=skipped), _check())
+        loki.log_records(loki.loki_entries(data, what="q", skipped=skipped), _check())
     else:
-        series = pull.matrix_series(data, default_name="n", what="q", skipped=skipped)
+        series = prometheus.matrix_series(data, default_name="n", what="q", skipped=skipped)
         normalise.metric_batches(series, source="query_range", max_samples=1000, check=_check())
 
 

@@ -1,7 +1,8 @@
 """Plugins from outside the repository, as docs/extending.md describes them.
 
 tests/unit/plugins/ is a plugin package laid out as it is once installed: ``medic_example_plugins`` (a
-rule detector with a signal of its own, a playbook with typed parameters, a notifier for a new vendor),
+rule detector with a signal of its own, a playbook with typed parameters, a notifier for a new vendor,
+an ingest source polling a BMC over Redfish),
 its ``*.dist-info/entry_points.txt`` (one line per plugin: what ``[project.entry-points."clustermedic.*"]``
 in its ``pyproject.toml`` becomes), and the runbook it ships for its signal. A fresh process with the
 package on its path (plugins/plugin_checks.py) finds each plugin in its registry and in every catalog
@@ -38,11 +39,12 @@ def test_each_plugin_is_one_module_and_one_entry_point_line() -> None:
     lines = {group: dict(points[group]) for group in points.sections()}
     assert lines == {
         "clustermedic.detectors": {"pcie_replay": "medic_example_plugins.pcie:PcieReplayDetector"},
+        "clustermedic.ingest_sources": {"redfish": "medic_example_plugins.redfish:RedfishSource"},
         "clustermedic.notifiers": {"msteams": "medic_example_plugins.msteams:TeamsNotifier"},
         "clustermedic.playbooks": {"pcie_quarantine": "medic_example_plugins.quarantine:PcieQuarantinePlaybook"},
     }
     modules = {p.name for p in PACKAGE.glob("*.py")} - {"__init__.py"}
-    assert modules == {"pcie.py", "msteams.py", "quarantine.py"}
+    assert modules == {"pcie.py", "msteams.py", "quarantine.py", "redfish.py"}
     doc = (REPO_ROOT / "docs" / "extending.md").read_text()
     assert "tests/unit/plugins" in doc and "clustermedic.detectors" in doc
 
@@ -59,7 +61,7 @@ def test_an_installed_plugin_package_is_picked_up_by_every_registry_and_catalog(
     checks = [sys.executable, "-m", "pytest", str(PLUGINS / "plugin_checks.py"), "-q", "-p", "no:cacheprovider"]
     done = subprocess.run(checks, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
-    assert "6 passed" in done.stdout
+    assert "7 passed" in done.stdout
 
 
 def test_without_the_package_its_runbook_names_a_signal_and_a_playbook_nothing_provides() -> None:

@@ -20,6 +20,10 @@ from pipelines.detectors.registry import DETECTORS, signal_catalog
 from pipelines.detectors.rules_xid import XidDetector
 from services.core.events import AlertRef, IncidentEvent, MetricBatch, Provenance, Sample
 from services.core.settings import Settings
+from services.ingest.memory import MemoryPublisher
+from services.ingest.pull import Delivery
+from services.ingest.registry import SOURCES
+from services.ingest.sink import IngestMetrics, PublishQueue
 from services.remediation.catalog import playbook_catalog
 from services.remediation.registry import playbook_registry
 from tests.made_up_xids import made_up_xid_catalog
@@ -35,6 +39,7 @@ def test_each_registry_takes_the_package_entry_point_beside_its_built_ins() -> N
     assert DETECTORS.origin("pcie_replay") == PACKAGE and DETECTORS.origin("xid_rules") == "built-in"
     assert playbook_registry().origin("pcie_quarantine") == PACKAGE
     assert NOTIFIERS.origin("msteams") == PACKAGE
+    assert SOURCES.origin("redfish") == PACKAGE and SOURCES.origin("loki") == "built-in"
 
 
 def test_the_detect_role_runs_the_detector_and_the_signal_catalog_lists_its_signal() -> None:
@@ -126,3 +131,43 @@ def test_the_notifier_serves_its_receiver_key_and_posts_a_card() -> None:
     assert (result.notifier, result.status_code) == ("msteams", 200)
     card = json.loads(seen[0].content)
     assert card["@type"] == "MessageCard" and card["sections"][0]["facts"][0]["value"] == f"{UUID} (firing)"
+
+
+def test_the_ingest_source_gets_its_command_and_publishes_through_the_shared_delivery() -> None:
+    from medic_example_plugins.redfish import RedfishThermalPuller
+    from typer.testing import CliRunner
+
+    from services.cli import app
+
+    listed = CliRunner().invoke(app, ["ingest", "--help"])
+    assert "pull-redfish" in listed.output and "pull-loki" in listed.output
+    shown = CliRunner().invoke(app, ["ingest", "pull-redfish", "--help"])
+    assert shown.exit_code == 0 and "--node" in shown.output and "--once" in shown.output
+    refused = CliRunner().invoke(app, ["ingest", "pull-redfish", "--once", "--url", "http://bmc"])
+    assert (refused.exit_code, "pull-redfish needs --url and --node" in refused.output) == (2, True)
+
+    source = SOURCES.load("redfish")(Settings(), {"url": "http://bmc/Thermal", "node": "h100-b-03", "interval": None})
+    source.check()
+    assert source.interval_s == 30.0
+
+    def bmc(request: httpx.Request) -> httpx.Response:
+        temps = [{"Name": "Inlet Temp", "ReadingCelsius": 24}, {"Name": "GPU Board", "ReadingCelsius": None}]
+        return httpx.Response(200, json={"Temperatures": temps})
+
+    publisher, metrics = MemoryPublisher(), IngestMetrics()
+    queue = PublishQueue(publisher, metrics, capacity=1000, flush_timeout_s=5.0)
+    queue.start()
+    try:
+        delivery = Delivery(queue, metrics, timeout_s=10.0, deadletter_max_bytes=64)
+        client = httpx.Client(transport=httpx.MockTransport(bmc))
+        puller = RedfishThermalPuller("http://bmc/Thermal", "h100-b-03", delivery, client=client, clock=lambda: T0)
+        assert isinstance(source.build(delivery), RedfishThermalPuller)
+        assert puller.poll() == 1
+    finally:
+        queue.stop(5.0)
+    (batch,) = publisher.events(MetricBatch)
+    assert isinstance(batch, MetricBatch)
+    (sample,) = batch.samples
+    assert (sample.name, sample.labels["sensor"], sample.labels["node"], sample.value, sample.ts) == (
+        "redfish_temperature_celsius", "Inlet Temp", "h100-b-03", 24.0, T0,
+    )  # fmt: skip
