@@ -24,6 +24,7 @@ from services.core.settings import Settings
 from services.diagnostician import cli as diag_cli
 from services.ingest import cli as ingest_cli
 from services.remediation import cli as remediation_cli
+from services.reports import cli as reports_cli
 from services.simulator import cli as sim_cli
 
 app = typer.Typer(help="ClusterMedic: autonomous SRE for LLM inference clusters.", no_args_is_help=True)
@@ -42,6 +43,7 @@ app.add_typer(diag_cli.app, name="kb", help="Knowledge base: index, search; diag
 app.command("diagnose", help="Diagnose an incident with the offline ranker or the configured LLM.")(
     diag_cli.diagnose_cmd
 )
+app.command("report", help="Write an incident's post-incident report (md, html, pdf).")(reports_cli.report_cmd)
 eval_app = typer.Typer(help="Evaluations on seeded simulator scenarios and public data sets.", no_args_is_help=True)
 eval_app.command("diagnose", help="Top-1/top-3 root-cause accuracy and latency of the diagnostician.")(
     diag_cli.eval_cmd

@@ -10,6 +10,7 @@ acts is the token's name, never a field of the body; every write lands in the au
 ``GET /metrics``                       open      ``clustermedic_insecure_listener{role="api"}``
 ``GET /api/v1/incidents``              viewer    incidents, most recently changed first (``status``, ``limit``)
 ``GET /api/v1/incidents/{id}``         viewer    one incident with its linked alerts, each with its evidence
+``GET .../incidents/{id}/report``      viewer    its post-incident report (``format``: md, html, pdf; services/reports)
 ``POST /api/v1/silences``              operator  create a silence (matchers, start/end or duration, comment);
                                                  one that mutes every alert (``"all": true``) needs admin
 ``GET /api/v1/silences``               viewer    silences (``state``: pending, active, expired)
@@ -56,6 +57,8 @@ from services.core.settings import Settings
 from services.remediation.api import ROUTER_PREFIX, SLACK_INTERACTIONS_ROUTE
 from services.remediation.config import RemediationSettings
 from services.remediation.executor import Executor
+from services.reports.api import create_router as reports_router
+from services.reports.telemetry import MetricSource
 from services.store.db import connect
 from services.store.incidents import get_incident, list_incidents
 from services.store.silences import (
@@ -119,6 +122,7 @@ def create_app(
     executor: Callable[[], Executor] | None = None,
     remediation: RemediationSettings | None = None,
     listener: Listener | None = None,
+    report_telemetry: MetricSource | None = None,
 ) -> FastAPI:
     """Build the API app: every route under ``/api/v1`` behind services/auth.
 
@@ -131,6 +135,7 @@ def create_app(
         remediation: the Slack signing secret and user mapping; default: RemediationSettings().
         listener: what :func:`services.auth.http.check_api_listener` decided (``medic api serve``);
             default: ``api_host``/``api_port`` with ``api_token``. Its token is the bootstrap token.
+        report_telemetry: where reports read the plotted series; default: ``telemetry.metrics.v1``.
     """
     listener = listener or Listener("api", settings.api_host, settings.api_port, settings.api_token)
     auth_store = AuthStore(settings)
@@ -171,6 +176,7 @@ def create_app(
         prefix=API_PREFIX,
     )
     api.include_router(auth_router(auth_store), prefix=API_PREFIX)
+    api.include_router(reports_router(settings, telemetry=report_telemetry), prefix=API_PREFIX)
 
     @contextmanager
     def db() -> Iterator[psycopg.Connection]:

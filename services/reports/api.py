@@ -13,6 +13,7 @@ from typing import Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
 
+from services.auth.http import Viewer
 from services.core.errors import InfraError
 from services.core.settings import Settings
 from services.reports.errors import IncidentNotFound, RenderError
@@ -27,7 +28,9 @@ def create_router(settings: Settings, *, telemetry: MetricSource | None = None) 
 
     @router.get("/incidents/{incident_id}/report", response_class=Response)
     def incident_report(
-        incident_id: str, format: Literal["md", "html", "pdf"] = Query("html", description="md, html or pdf")
+        incident_id: str,
+        auth: Viewer,
+        format: Literal["md", "html", "pdf"] = Query("html", description="md, html or pdf"),
     ) -> Response:
         from services.reports.render import html_to_pdf, to_html, to_markdown
         from services.reports.service import build_incident_report

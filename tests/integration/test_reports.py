@@ -16,17 +16,17 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from psycopg import sql
 from typer.testing import CliRunner
 
 from evals.record import RecordedEpisode, record_episode
+from services.api.app import create_app
+from services.auth.tokens import Role
 from services.core.bus import ensure_topics
 from services.core.events import MetricBatch
 from services.core.settings import Settings
 from services.diagnostician.ranker import runbook_index
-from services.reports.api import create_router
 from services.reports.build import Report
 from services.reports.cli import app as reports_cli
 from services.reports.service import build_incident_report, render_report
@@ -34,6 +34,7 @@ from services.reports.telemetry import KafkaMetricSource
 from services.simulator.scenario import load_scenario
 from services.store.db import connect, migrate
 from services.store.incidents import get_incident, save_incident_events
+from tests.api_auth import auth_headers
 from tests.chromium import chromium_binary, open_page
 from tests.conftest import _with_dbname
 
@@ -234,9 +235,9 @@ def test_an_unknown_incident_is_a_clear_error_on_the_cli_and_404_on_the_api(stor
     written = Path(ok.stdout.strip().splitlines()[-1])
     assert written == tmp_path / stored.incident_id / "report.html" and written.stat().st_size > 100_000
 
-    app = FastAPI()
-    app.include_router(create_router(stored.settings), prefix="/api/v1")
-    api = TestClient(app)
+    api = TestClient(create_app(stored.settings), headers=auth_headers(stored.settings, "report-reader", Role.VIEWER))
+    anonymous = TestClient(create_app(stored.settings)).get(f"/api/v1/incidents/{stored.incident_id}/report")
+    assert anonymous.status_code == 401  # behind the API's authentication, as every route
     missing = api.get("/api/v1/incidents/inc-does-not-exist/report")
     assert missing.status_code == 404 and "no incident" in missing.json()["detail"]
     md = api.get(f"/api/v1/incidents/{stored.incident_id}/report", params={"format": "md"})
