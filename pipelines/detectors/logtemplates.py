@@ -20,8 +20,9 @@ nccl_timeout         ``Watchdog caught collective operation timeout``
 engine_dead          ``AsyncEngineDeadError`` / ``EngineDeadError`` / ``Engine loop is not running``
 ==================== ========================================================================
 
-The miner's settings (similarity threshold, tree depth, masks) come from :data:`MINER_SETTINGS`,
-the one table shared by the detector and ``bench/logparse.py``, which measures them on LogHub.
+The miner's settings (similarity threshold, tree depth, word-conflict limit, masks) are
+:data:`MINER_SETTINGS`, one row for every log: the detector's and ``bench/logparse.py``'s, which
+measures it on LogHub. No setting depends on which system wrote the log.
 
 Trust (docs/security.md): a line is a kernel line only when its stream is a node's kernel stream
 (:class:`KernelStreams`, labels the log agent sets, never the application) *and* the line starts with
@@ -34,12 +35,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import string
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Literal
 
 from drain3 import TemplateMiner
-from drain3.drain import LogCluster, Node
+from drain3.drain import Drain, LogCluster, Node
 from drain3.template_miner_config import TemplateMinerConfig
 
 from pipelines.detectors.masking import DEFAULT_MASKS, MASK_PATTERNS, generic_template, masking_instructions
@@ -73,6 +75,9 @@ class MinerSettings:
         masks: names from :data:`~pipelines.detectors.masking.MASK_PATTERNS`, in order.
         extra_masks: ``(name, regex)`` masks applied before ``masks``.
         extra_delimiters: characters split on besides whitespace.
+        max_word_conflicts: most positions where a line and a template hold different words
+            (:func:`words_conflict`) for the line still to join the template; ``None``: no limit
+            (plain Drain). See :class:`WordAwareDrain`.
     """
 
     sim_th: float = 0.4
@@ -82,26 +87,86 @@ class MinerSettings:
     masks: tuple[str, ...] = DEFAULT_MASKS
     extra_masks: tuple[tuple[str, str], ...] = ()
     extra_delimiters: tuple[str, ...] = ()
+    max_word_conflicts: int | None = None
 
 
-# One row that reaches the published Drain grouping accuracy on all eight LogHub systems at once
-# (bench/logparse.py --uniform); the detector uses it on logs it has never been tuned for.
-_DEFAULT = MinerSettings(sim_th=0.5, depth=5, max_clusters=5000)
+MINER_SETTINGS = MinerSettings(sim_th=0.3, depth=5, max_clusters=5000, max_word_conflicts=1)
+"""The one settings row: the detector on cluster logs (vLLM, kernel, NCCL, Kubernetes) and
+``bench/logparse.py`` on every LogHub system use it alike. ``sim_th``, ``depth`` and
+``max_word_conflicts`` are what the bench's documented grid search picks on the LogHub samples
+(docs/logparse.md, with the leave-one-system-out figures); the masks are the full library."""
 
-MINER_SETTINGS: dict[str, MinerSettings] = {
-    # "default" is what the detector uses on cluster logs (vLLM, kernel, NCCL, Kubernetes).
-    "default": _DEFAULT,
-    # LogHub systems, measured by bench/logparse.py (docs/logparse.md has the figures).
-    "HDFS": replace(_DEFAULT, max_clusters=None),
-    "Hadoop": replace(_DEFAULT, max_clusters=None, sim_th=0.3),
-    "Spark": replace(_DEFAULT, max_clusters=None),
-    "Zookeeper": replace(_DEFAULT, max_clusters=None, depth=4, sim_th=0.7),
-    "BGL": replace(_DEFAULT, max_clusters=None),
-    "Apache": replace(_DEFAULT, max_clusters=None),
-    "OpenSSH": replace(_DEFAULT, max_clusters=None, sim_th=0.7),
-    "OpenStack": replace(_DEFAULT, max_clusters=None, sim_th=0.9),
-}
-"""The one table of miner settings: ``"default"`` for the detector, one row per LogHub system."""
+
+_PUNCTUATION = string.punctuation
+_SEPARATORS = re.compile(r"[^A-Za-z0-9]+")
+
+
+def words_conflict(template_token: str, token: str) -> bool:
+    """Whether two different tokens hold different *words*: the sign of two different messages.
+
+    A word is a run of letters only. Two tokens conflict when, with the punctuation around them off,
+    both are words (``started`` / ``stopped``), or both split at their inner punctuation into as many
+    parts and some aligned parts are two different words (``msg=started`` / ``msg=stopped``,
+    ``pam_unix(sshd:auth):`` / ``pam_unix(sshd:session):``). Placeholders written by the masks
+    (``<NUM>``) never conflict, nor do parts holding a digit (``blk_12``, ``node-7``), which is how
+    variables look.
+    """
+    if "<" in template_token or "<" in token:
+        return False
+    a = template_token.strip(_PUNCTUATION)
+    b = token.strip(_PUNCTUATION)
+    if a.isalpha() or b.isalpha():
+        return a.isalpha() and b.isalpha()
+    parts_a = _SEPARATORS.split(a)
+    parts_b = _SEPARATORS.split(b)
+    return len(parts_a) == len(parts_b) and any(
+        x != y and x.isalpha() and y.isalpha() for x, y in zip(parts_a, parts_b, strict=True)
+    )
+
+
+class WordAwareDrain(Drain):
+    """Drain whose similarity refuses a template that differs from the line in too many words.
+
+    Drain's similarity is the share of equal tokens, so two messages that share a long prefix (or a
+    long structure: JSON keys, ``key=value`` names) join one template however different their words
+    are, and the words that told them apart become ``<*>``. Variables rarely look like words (they
+    hold digits, or the masks caught them); words mostly are the message. So where the template and
+    the line hold different words (:func:`words_conflict`), that counts as a *conflict*, and a
+    template with more than ``max_word_conflicts`` of them is no match, whatever the share of equal
+    tokens. Variables spelt as words (a user name, a state) still merge one position at a time when
+    the limit is 1.
+    """
+
+    def __init__(self, *args: Any, max_word_conflicts: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_word_conflicts = max_word_conflicts
+
+    def get_seq_distance(self, seq1: Sequence[str], seq2: Sequence[str], include_params: bool) -> tuple[float, int]:
+        """Drain's ``(similarity, wildcard count)``, and similarity -1 past the word-conflict limit."""
+        if self.max_word_conflicts is None:
+            sim, params = super().get_seq_distance(seq1, seq2, include_params)
+            return float(sim), int(params)
+        if not seq1:
+            return 1.0, 0
+        equal = params = conflicts = 0
+        wildcard = self.param_str
+        limit = self.max_word_conflicts
+        # Drain's loop, reordered for speed (equal tokens are the common case); the same counts.
+        for template_token, token in zip(seq1, seq2, strict=True):
+            if template_token == token:
+                if template_token == wildcard:
+                    params += 1
+                else:
+                    equal += 1
+            elif template_token == wildcard:
+                params += 1
+            elif words_conflict(template_token, token):
+                conflicts += 1
+                if conflicts > limit:
+                    return -1.0, params
+        if include_params:
+            equal += params
+        return equal / len(seq1), params
 
 
 def miner_config(settings: MinerSettings) -> TemplateMinerConfig:
@@ -130,19 +195,25 @@ def miner_config(settings: MinerSettings) -> TemplateMinerConfig:
 def build_miner(settings: MinerSettings) -> TemplateMiner:
     """Return a drain3 miner with ``settings`` and no persistence handler.
 
+    Its Drain is a :class:`WordAwareDrain` with the same parameters as the one drain3 built.
+
     Args:
         settings: the miner settings.
     """
-    return TemplateMiner(persistence_handler=None, config=miner_config(settings))
-
-
-def settings_for(system: str) -> MinerSettings:
-    """Return the :data:`MINER_SETTINGS` row for ``system``, or the default row.
-
-    Args:
-        system: a LogHub system name, or anything else for the default.
-    """
-    return MINER_SETTINGS.get(system, MINER_SETTINGS["default"])
+    miner = TemplateMiner(persistence_handler=None, config=miner_config(settings))
+    plain = miner.drain
+    miner.drain = WordAwareDrain(
+        depth=plain.log_cluster_depth,
+        sim_th=plain.sim_th,
+        max_children=plain.max_children,
+        max_clusters=plain.max_clusters,
+        extra_delimiters=plain.extra_delimiters,
+        profiler=plain.profiler,
+        param_str=plain.param_str,
+        parametrize_numeric_tokens=plain.parametrize_numeric_tokens,
+        max_word_conflicts=settings.max_word_conflicts,
+    )
+    return miner
 
 
 # ------------------------------------------------------------------------------ offline mining
@@ -235,9 +306,25 @@ _DMESG_TIME = r"\[ {0,12}\d{1,12}\.\d{1,9}\]|\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]
 KERNEL_LINE_MAX = 4096
 """Longest line read as a kernel XID line (the kernel's own printk buffer is 1024 bytes a record)."""
 MINED_LINE_MAX = 16_384
-"""Longest prefix of a line the template miner sees: a template keeps every token of its first line,
+"""Most characters of a line the template miner sees: a template keeps every token of its first line,
 and ingest accepts lines of 256 KiB, so 5,000 templates of such lines would hold gigabytes. The known
 signatures still read the whole line (their patterns run in linear time)."""
+_CUT = " ... "
+
+
+def mined_text(line: str) -> str:
+    """What the miner sees of ``line``: all of it, or its head and tail when it is longer than
+    :data:`MINED_LINE_MAX`.
+
+    Keeping the tail as well as the head: two long lines that share a long head (a stack of frames,
+    a JSON preamble) often differ only at the end, where the message is, and a head alone would make
+    them one template.
+    """
+    if len(line) <= MINED_LINE_MAX:
+        return line
+    half = (MINED_LINE_MAX - len(_CUT)) // 2
+    return line[:half] + _CUT + line[-half:]
+
 
 # Anchored: the whole line is a kernel line. The code has at most 4 digits and is followed by a comma
 # (or the end): "79" in "...: 79, pid=" but never 5000 digits or a code glued to more text.
@@ -590,7 +677,7 @@ class LogTemplateDetector:
     The state passed in is updated in place and returned; keep only the returned one.
 
     Attributes:
-        settings: drain3 miner settings (:data:`MINER_SETTINGS` ``"default"``).
+        settings: drain3 miner settings (:data:`MINER_SETTINGS`, the one row).
         warmup_lines: lines to learn from before new and rare templates are reported.
         rare_max_count: a template seen at most this many times (this line included) is rare...
         rare_max_share: ...when it is also at most this share of all lines seen.
@@ -610,7 +697,7 @@ class LogTemplateDetector:
         | {signal for signal, _, _ in _SIGNATURES}
     )
 
-    settings: MinerSettings = field(default_factory=lambda: MINER_SETTINGS["default"])
+    settings: MinerSettings = MINER_SETTINGS
     warmup_lines: int = 500
     rare_max_count: int = 3
     rare_max_share: float = 0.001
@@ -650,7 +737,7 @@ class LogTemplateDetector:
             if not line.strip():
                 continue
             state.lines += 1
-            result = state.miner.add_log_message(line[:MINED_LINE_MAX])
+            result = state.miner.add_log_message(mined_text(line))
             cid = int(result["cluster_id"])
             stats = state.templates.get(cid)
             if stats is None:

@@ -8,13 +8,13 @@ from collections.abc import Iterator
 import pytest
 
 from pipelines.detectors.logtemplates import (
+    MINER_SETTINGS,
     LogTemplateDetector,
     LogTemplateState,
     grouping_accuracy,
     match_signature,
     mine_templates,
     parsing_accuracy,
-    settings_for,
 )
 from pipelines.detectors.masking import generic_template
 from services.core.events import Anomaly, LogRecord
@@ -201,7 +201,7 @@ def test_masks_pci_uuid_ip_and_block_ids() -> None:
         "GPU GPU-5d1f3c9e-8f4b-4e0a-9a41-0c2b6f7d8e11 at 0000:3b:00.0 reports 3 errors from 10.0.0.1:8000",
         "GPU GPU-a1b2c3d4-1111-2222-3333-444455556666 at 0000:86:00.0 reports 12 errors from 10.0.0.7:8000",
     ]
-    templates = mine_templates(lines, settings_for("default"))
+    templates = mine_templates(lines, MINER_SETTINGS)
     assert templates == ["GPU <*> at <*> reports <*> errors from <*>"] * 2
     assert generic_template("Received block <BLK> of size <NUM> from <IP>") == "Received block <*> of size <*> from <*>"
 
