@@ -13,9 +13,10 @@ pytest/pluggy, Celery and Faust take plugins from installed packages): in the pl
 
 The group is ``clustermedic.`` + the registry's kind in the plural (``clustermedic.detectors``,
 ``clustermedic.playbooks``, ``clustermedic.actuators``, ``clustermedic.notifiers``,
-``clustermedic.diagnostic_tools``, ``clustermedic.ingest_sources``). An entry point is one more line of the map, loaded as lazily; one
-that reuses a built-in name, or a name another package registers too, is a :class:`PluginError` (a
-plugin never replaces another one silently). docs/extending.md has the steps for each kind.
+``clustermedic.diagnostic_tools``, ``clustermedic.ingest_sources``). An entry point is one more line
+of the map, loaded as lazily; one that reuses a built-in name, or a name another package registers
+too, is a :class:`PluginError` (a plugin never replaces another one silently). docs/extending.md has
+the steps for each kind.
 """
 
 from __future__ import annotations
