@@ -23,9 +23,10 @@ from services.core.errors import ClusterMedicError, ConfigError, StoreError
 from services.core.events import Diagnosis, IncidentEvent
 from services.core.settings import Settings
 from services.diagnostician.embedder import CachingEmbedder, Embedder, make_embedder
+from services.diagnostician.evidence import Evidence
 from services.diagnostician.kb import SearchHit, configure_session, search
 from services.diagnostician.ranker import RunbookIndex, rank, review_action, runbook_index
-from services.diagnostician.tools import ChangeLog, Evidence, gather_evidence
+from services.diagnostician.tools import ChangeLog, gather_evidence
 from services.store.db import connect
 
 log = logging.getLogger(__name__)

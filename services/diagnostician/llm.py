@@ -42,6 +42,7 @@ from services.core.events import Citation, Diagnosis, Hypothesis, IncidentEvent
 from services.core.paths import REPO_ROOT
 from services.core.settings import Settings
 from services.diagnostician.diagnostician import Diagnostician, RankerDiagnostician
+from services.diagnostician.evidence import Evidence
 from services.diagnostician.kb import SearchHit
 from services.diagnostician.ranker import (
     ALWAYS_ALLOWED,
@@ -52,7 +53,6 @@ from services.diagnostician.ranker import (
     playbook_params,
 )
 from services.diagnostician.runbooks import PLAYBOOK_DEFAULT_LEVELS, Runbook
-from services.diagnostician.tools import Evidence
 
 log = logging.getLogger(__name__)
 

@@ -43,15 +43,17 @@ from typing import Any
 from services.core.errors import ConfigError
 from services.core.events import FACT_TOPOLOGY, AlertRef, Citation, Hypothesis, IncidentEvent
 from services.diagnostician.documents import default_knowledge_dir
-from services.diagnostician.kb import SearchHit
-from services.diagnostician.runbooks import PLAYBOOK_DEFAULT_LEVELS, Runbook, load_runbooks
-from services.diagnostician.tools import (
+from services.diagnostician.evidence import (
+    ANOMALIES_TOOL,
     GPU_FAULT_SIGNALS,
     Evidence,
+    anomalies_result,
     condense,
     deployment_of_pod,
     topology_of,
 )
+from services.diagnostician.kb import SearchHit
+from services.diagnostician.runbooks import PLAYBOOK_DEFAULT_LEVELS, Runbook, load_runbooks
 from services.remediation.catalog import playbook_catalog
 
 WEIGHTS: dict[str, float] = {"anomalies": 1.0, "xid": 2.0, "logs": 0.8, "events": 0.6, "metrics": 0.3, "scope": 0.4}
@@ -520,7 +522,9 @@ def _corroborated(top: Hypothesis | None, evidence: Evidence, index: RunbookInde
     own = tuple(a for a in own_alerts(evidence.incident) if a.status == "firing")
     if not own:
         return False
-    mine = condense(evidence.incident.model_copy(update={"alerts": own}), evidence.results)
+    # the own alerts alone: the incident_anomalies result restated for them (the other results as they are)
+    results = {**evidence.results, ANOMALIES_TOOL: anomalies_result(own)}
+    mine = condense(evidence.incident.model_copy(update={"alerts": own}), results)
     alone = rank(mine, index, max_hypotheses=1)
     return bool(alone) and alone[0].cause == top.cause
 

@@ -9,16 +9,10 @@ import pytest
 from pydantic import ValidationError
 
 from services.core.events import AlertRef, IncidentEvent, KubeEvent, ObjectRef
+from services.diagnostician.evidence import blast_radius, deployment_of, replica_sets
 from services.diagnostician.ranker import WEIGHTS, rank, runbook_index, signal_scores
 from services.diagnostician.runbooks import Signals
-from services.diagnostician.tools import (
-    CHANGE_LOOKBACK_S,
-    ChangeLog,
-    blast_radius,
-    deployment_of,
-    gather_evidence,
-    replica_sets,
-)
+from services.diagnostician.tools import CHANGE_LOOKBACK_S, ChangeLog, gather_evidence
 
 T0 = 1_760_000_000.0
 

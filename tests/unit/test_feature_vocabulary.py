@@ -6,7 +6,7 @@ from pipelines import features
 from pipelines.detectors import iforest
 from services.core.events import MetricBatch
 from services.core.features import FEATURE_BY_NAME, FEATURES, FEATURES_BY_CLASS
-from services.diagnostician.tools import FEATURE_METRICS
+from services.diagnostician.evidence import FEATURE_METRICS
 from services.simulator.scenario import load_scenario
 from services.simulator.simulator import Simulator
 

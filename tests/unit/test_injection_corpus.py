@@ -36,9 +36,9 @@ from services.core.events import AlertRef, Diagnosis, IncidentEvent, Provenance,
 from services.core.paths import REPO_ROOT
 from services.core.settings import Settings
 from services.diagnostician.diagnostician import RankerDiagnostician
+from services.diagnostician.evidence import topology_of
 from services.diagnostician.llm import LLMDiagnostician
 from services.diagnostician.runbooks import PLAYBOOK_DEFAULT_LEVELS
-from services.diagnostician.tools import topology_of
 from services.notify.render import alertmanager, pagerduty, slack, webhook
 from services.remediation.config import load_config
 from services.remediation.policy import plan_from_diagnosis

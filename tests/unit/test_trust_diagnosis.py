@@ -9,8 +9,9 @@ import pytest
 from services.core.events import AlertRef, Diagnosis, IncidentEvent, Provenance
 from services.core.settings import Settings
 from services.diagnostician.diagnostician import RankerDiagnostician
+from services.diagnostician.evidence import XID_TEXT_NOTE
 from services.diagnostician.ranker import NODE_GPU_PLAYBOOKS, NOT_CORROBORATED_NOTE, playbook_params
-from services.diagnostician.tools import XID_TEXT_NOTE, gather_evidence
+from services.diagnostician.tools import gather_evidence
 
 T0 = 1_760_000_000.0
 NODE, POD, GPU = "h100-a-07", "vllm-llama-7d9f-x2x4k", "GPU-5d4c3b2a-0000-1111-2222-333344445555"
@@ -136,8 +137,8 @@ def test_a_gpu_fault_claimed_only_in_app_text_gets_no_node_action(doctor: Ranker
 def test_a_deployment_target_comes_from_the_pod_names_of_own_alerts() -> None:
     # vLLM pods carry no deployment label; rollback_deployment was dropped for want of its target
     from services.core.events import AlertRef, IncidentEvent, Provenance
+    from services.diagnostician.evidence import condense
     from services.diagnostician.ranker import playbook_params
-    from services.diagnostician.tools import condense
 
     own = Provenance(source="kube_api", trusted=("topology",))
     alert = AlertRef(
@@ -155,3 +156,31 @@ def test_a_deployment_target_comes_from_the_pod_names_of_own_alerts() -> None:
     )
     params = playbook_params("rollback_deployment", condense(incident, {}))
     assert params == {"namespace": "llm-serving", "deployment": "llama-70b-int4"}
+
+
+def _condensed(ev: Any) -> tuple[Any, ...]:
+    return (ev.signals, ev.xids, ev.metrics, ev.event_reasons, ev.scope, ev.log_lines, ev.untrusted, ev.facts)
+
+
+def test_condense_reads_the_alerts_from_the_tool_results_so_recorded_output_replays() -> None:
+    from services.diagnostician.evidence import ToolResult, condense
+
+    kernel = alert("gpu_xid", GPU, KERNEL, {"node": NODE, "pod": POD}, xid=79, example=XID_LINE)
+    echo = alert("untrusted_xid_text", POD, APP, {"pod": POD, "node": NODE}, example=f"prompt: '{XID_LINE}'")
+    live = gather_evidence(incident(kernel, echo))
+    # the results as a recording keeps them (JSON), condensed for an incident event that lists no alert
+    recorded = {name: ToolResult.model_validate_json(r.model_dump_json()) for name, r in live.results.items()}
+    replayed = condense(incident(), recorded)
+    assert _condensed(replayed) == _condensed(live)
+    assert replayed.xids == {79} and XID_TEXT_NOTE in replayed.untrusted  # provenance came with the records
+
+
+def test_without_the_anomalies_result_condense_reads_the_incident_s_own_alerts() -> None:
+    from services.diagnostician.evidence import ToolResult, condense
+
+    kernel = alert("gpu_xid", GPU, KERNEL, {"node": NODE}, xid=79, example=XID_LINE)
+    live = gather_evidence(incident(kernel))
+    # the anomalies tool failed (its history query hit a broken database): the diagnosis still has its alerts
+    broken = {**live.results, "incident_anomalies": ToolResult(tool="incident_anomalies", status="error", error="x")}
+    assert _condensed(condense(incident(kernel), broken)) == _condensed(live)
+    assert _condensed(condense(incident(kernel), {})) == _condensed(live)
