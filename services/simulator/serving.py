@@ -182,9 +182,9 @@ def slot_step(
 ) -> tuple[np.ndarray, ...]:
     """One serving step of every slot (the model of the module docstring), as numpy over arrays.
 
-    The one place the step's arithmetic is written: :meth:`Serving._step_all` calls it on every slot's
-    row of ``Serving._rows``, and the small-cluster step runs the Python-float loop derived from this
-    code (:func:`services.simulator.scalar.derive_slot_loop`, which states the rules the body keeps:
+    The one place the step's arithmetic is written: :meth:`Serving._step_occupied` calls it on the
+    occupied slots' rows of ``Serving._rows``, or, on a small cluster, runs the Python-float loop derived
+    from this code (:func:`services.simulator.scalar.derive_slot_loop`, which states the rules the body keeps:
     single-name assignments, ``np.where``/``maximum``/``minimum``/``clip`` only, no ``+=``).
 
     Args:
@@ -351,7 +351,7 @@ class Serving:
         z = lambda: np.zeros(n)  # noqa: E731 - short local factory keeps the table below readable
         # Every per-slot float the step reads is a row of one 2-D array (the attributes below are views
         # of its rows, updated in place): the small-cluster step gathers and scatters all of a few
-        # slots' numbers in one indexing operation each (see _step_few).
+        # slots' numbers in one indexing operation each (see _step_occupied).
         self._rows = np.zeros((len(_STEP_ROWS) + len(_INPUT_ROWS), n))
         # in _STEP_ROWS + _INPUT_ROWS order (iterating a 2-D array yields views of its rows)
         (
@@ -386,7 +386,7 @@ class Serving:
             "tpot": (self.iv_tpot_sum, self.iv_tpot_count),
             "e2e": (self.iv_e2e_sum, self.iv_e2e_count),
         }
-        # the slots a small-cluster step works on, cached per cluster version (see _few_slots)
+        # the slots a step works on, cached per cluster version (see _occupied)
         self._few_version = -1
         self._few: tuple[list[int], np.ndarray, list[bool], list[bool]] = ([], np.zeros(0, dtype=np.int64), [], [])
         self._version = -1
@@ -557,18 +557,18 @@ class Serving:
 
     # ------------------------------------------------------------------------------ step
 
-    # Serving.step takes the small-cluster path (_step_few) while the cluster has at most this many pods.
+    # Serving.step runs the derived Python-float loop while the cluster has at most this many pods.
     few_max_pods = 24
 
     def step(self, dt: float, arrivals: ClassArrivals, speed: np.ndarray) -> StepStats:
         """Advance every replica by ``dt`` seconds.
 
-        The arithmetic is written once, in :func:`slot_step` (numpy over arrays), and run two ways:
-        over every slot (``_step_all``), and, while there are at most ``few_max_pods`` pods, where
-        numpy's per-call overhead would dominate, as the Python-float loop derived from it over the
-        occupied slots (``_step_few``). The derived loop does the same IEEE-754 operations in the same
-        order per slot, and sums like numpy does, so the results are identical to the bit
-        (tests/unit/test_sim_core.py runs scenarios both ways).
+        The arithmetic is written once, in :func:`slot_step` (numpy over arrays), and the step is one
+        path (:meth:`_step_occupied`) over the occupied slots, run in one of two forms: the kernel
+        itself, or, while there are at most ``few_max_pods`` pods, where numpy's per-call overhead
+        would dominate, the Python-float loop derived from it. The derived loop does the same IEEE-754
+        operations in the same order per slot, and both sum like numpy over every slot, so the
+        results are identical to the bit (tests/unit/test_sim_core.py runs scenarios both ways).
 
         Args:
             dt: step length in seconds.
@@ -584,34 +584,18 @@ class Serving:
         stats.errors += self._lost_this_step
         self.route(arrivals, stats)
         errors_before_step = stats.errors
-        if len(self.cluster.pods) <= self.few_max_pods:
-            self._step_few(dt, speed, stats)
-        else:
-            self._step_all(dt, speed, stats)
+        self._step_occupied(dt, speed, stats, floats=len(self.cluster.pods) <= self.few_max_pods)
         self.retry_pending = min(1e7, self.retry_pending + self.retry_share * (stats.errors - errors_before_step))
         self.retry_pending += self.retry_share * errors_before_step
         return stats
 
-    def _step_all(self, dt: float, speed: np.ndarray, stats: StepStats) -> None:
-        """The step as numpy over every slot: :func:`slot_step` on the rows of ``_rows``, written back in place."""
-        # engine-dead pods answer 500 at once
-        ff = self.fail_fast & (self.arr_n > 0)
-        lost = None
-        if ff.any():
-            lost = float(self.arr_n[ff].sum())
-            self.arr_n[ff] = 0.0
-        out = _SLOT_STEP_ARRAYS(*self._rows, self.serving, speed, **self._shared(dt))
-        nrows = len(_STEP_ROWS)
-        for row, value in zip(self._rows[:nrows], out[:nrows], strict=True):
-            row[:] = value
-        self._account(stats, lost, [float(term.sum()) for term in out[nrows:]])
-
-    def _few_slots(self) -> tuple[list[int], np.ndarray, list[bool], list[bool]]:
+    def _occupied(self) -> tuple[list[int], np.ndarray, list[bool], list[bool]]:
         """The occupied slots (sorted, as a list and an index array) with their serving and fail-fast flags.
 
         Rebuilt when the cluster's version changes. A slot without a pod is idle: its queue, batch and
-        admission rate were zeroed when its pod went (``_drop``), no request is routed to it, and the
-        full step leaves every number of it as it is but ``busy``, which it sets to 0; so does this.
+        admission rate were zeroed when its pod went (``_drop``), no request is routed to it, and
+        :func:`slot_step` would leave every number of it as it is but ``busy``, which it would set to
+        0; so the step skips idle slots, and this sets their ``busy`` to 0.
         """
         if self._few_version != self.cluster.version:
             slots = sorted(self.cluster.pods)
@@ -623,35 +607,54 @@ class Serving:
             self._few_version = self.cluster.version
         return self._few
 
-    def _step_few(self, dt: float, speed: np.ndarray, stats: StepStats) -> None:
-        """The step slot by slot in Python floats over the occupied slots, for clusters with a few pods.
+    def _step_occupied(self, dt: float, speed: np.ndarray, stats: StepStats, *, floats: bool) -> None:
+        """The step of the occupied slots: gather their rows, run :func:`slot_step`, scatter, add the sums.
 
-        The loop is :data:`_SLOT_STEP_FLOATS`, derived from :func:`slot_step` (services/simulator/scalar.py),
-        so it computes the same bits. Stats are summed in numpy's pairwise order over all slots
-        (``_sparse_pairwise_sum``), as ``_step_all``'s ``sum()`` adds them.
+        ``floats``: run the loop derived from the kernel (:data:`_SLOT_STEP_FLOATS`) over Python floats,
+        and add the sums in numpy's pairwise order over all slots (``_sparse_pairwise_sum``); else the
+        kernel over the gathered arrays, its sums taken with numpy over all slots (idle ones hold 0).
+        The same numbers either way.
         """
-        slots, idx, srv_of, ff_of = self._few_slots()
+        slots, idx, srv_of, ff_of = self._occupied()
         if not slots:
             return
-        cols = self._rows[:, idx].T.tolist()
-        ff_lost: list[float] = []
-        ff_slots: list[int] = []
-        for slot, col, ff in zip(slots, cols, ff_of, strict=True):
-            if ff and col[_ARR_ROW] > 0:  # engine-dead pods answer 500 at once
-                ff_lost.append(col[_ARR_ROW])
-                ff_slots.append(slot)
-                col[_ARR_ROW] = 0.0
-        out = _SLOT_STEP_FLOATS(cols, srv_of, speed[idx].tolist(), **self._shared(dt))
-        nrows = len(_STEP_ROWS)
-        self._rows[:nrows, idx] = np.array([o[:nrows] for o in out]).T
-        if ff_slots:
-            self.arr_n[ff_slots] = 0.0
-        n = self.n
-        sums = [
-            _sparse_pairwise_sum([(slot, o[k]) for slot, o in zip(slots, out, strict=True)], 0, n)
-            for k in range(nrows, nrows + len(_STEP_SUMS))
-        ]
-        self._account(stats, pairwise_sum(ff_lost) if ff_lost else None, sums)
+        nrows, n = len(_STEP_ROWS), self.n
+        shared = self._shared(dt)
+        lost: float | None = None
+        if floats:
+            cols = self._rows[:, idx].T.tolist()
+            ff_lost: list[float] = []
+            ff_slots: list[int] = []
+            for slot, col, ff in zip(slots, cols, ff_of, strict=True):
+                if ff and col[_ARR_ROW] > 0:  # engine-dead pods answer 500 at once
+                    ff_lost.append(col[_ARR_ROW])
+                    ff_slots.append(slot)
+                    col[_ARR_ROW] = 0.0
+            if ff_slots:
+                lost = pairwise_sum(ff_lost)
+                self.arr_n[ff_slots] = 0.0
+            out = _SLOT_STEP_FLOATS(cols, srv_of, speed[idx].tolist(), **shared)
+            self._rows[:nrows, idx] = np.array([o[:nrows] for o in out]).T
+            sums = [
+                _sparse_pairwise_sum([(slot, o[k]) for slot, o in zip(slots, out, strict=True)], 0, n)
+                for k in range(nrows, nrows + len(_STEP_SUMS))
+            ]
+        else:
+            rows = self._rows[:, idx]
+            arrivals = rows[_ARR_ROW]
+            ff = self.fail_fast[idx] & (arrivals > 0)  # engine-dead pods answer 500 at once
+            if ff.any():
+                lost = float(arrivals[ff].sum())
+                arrivals[ff] = 0.0
+                self.arr_n[idx[ff]] = 0.0
+            terms = _SLOT_STEP_ARRAYS(*rows, self.serving[idx], speed[idx], **shared)
+            self._rows[:nrows, idx] = terms[:nrows]
+            full = np.zeros(n)
+            sums = []
+            for term in terms[nrows:]:
+                full[idx] = term
+                sums.append(float(full.sum()))  # numpy's pairwise order over all slots, as the loop's
+        self._account(stats, lost, sums)
 
     def _shared(self, dt: float) -> dict[str, float]:
         """The keyword arguments of :func:`slot_step` for a step of ``dt`` seconds."""
