@@ -24,6 +24,12 @@ acts is the token's name, never a field of the body; every write lands in the au
 ``GET|POST /api/v1/tokens``            admin     list or create tokens; ``DELETE /api/v1/tokens/{name_or_id}``
 ``GET /api/v1/audit``                  operator  the audit log (``actor``, ``action``, ``target``, ``outcome``,
                                                  ``since``, ``until``; pages with ``before`` and ``limit``)
+``GET /api/v2/silences``               viewer    Alertmanager's API v2, for amtool and Grafana (alertmanager_v2.py)
+``POST /api/v2/silences``              operator  create (or replace) a silence; one that mutes every alert needs admin
+``GET /api/v2/silence/{id}``           viewer    one silence; ``DELETE`` (operator) expires it
+``GET /api/v2/alerts``                 viewer    firing alerts (``active``, ``silenced``, ``inhibited``, ``filter``,
+                                                 ``receiver``); ``/alerts/groups`` grouped as routing.yaml groups
+``GET /api/v2/status``                 viewer    version, uptime, routing.yaml with receiver secrets masked
 =====================================  ========  ==================================================
 
 The correlate agent polls the silences table, so a silence created here mutes matching alerts within
@@ -49,6 +55,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.alerting.durations import parse_duration
 from services.alerting.errors import SilenceError
+from services.api.alertmanager_v2 import PREFIX as ALERTMANAGER_V2_PREFIX
+from services.api.alertmanager_v2 import create_router as alertmanager_v2_router
 from services.auth.http import AuthStore, Operator, Viewer, auth_router, install
 from services.auth.tokens import Role
 from services.core.errors import InfraError
@@ -177,6 +185,7 @@ def create_app(
     )
     api.include_router(auth_router(auth_store), prefix=API_PREFIX)
     api.include_router(reports_router(settings, telemetry=report_telemetry), prefix=API_PREFIX)
+    api.include_router(alertmanager_v2_router(settings, clock=clock), prefix=ALERTMANAGER_V2_PREFIX)
 
     @contextmanager
     def db() -> Iterator[psycopg.Connection]:

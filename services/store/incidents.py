@@ -214,3 +214,24 @@ def get_incident(conn: psycopg.Connection, incident_id: str) -> IncidentRow | No
         f"SELECT {_ALERT_COLUMNS} FROM alerts WHERE incident_id = %s ORDER BY starts_at, fingerprint", (incident_id,)
     ).fetchall()
     return _incident(row, tuple(_alert(a) for a in alerts))
+
+
+def latest_alerts(conn: psycopg.Connection, *, firing_only: bool = False, limit: int = 10000) -> list[AlertRow]:
+    """Each alert's latest row (by ``last_seen_at``) across the incidents that link it, oldest start
+    first, at most ``limit``; with ``firing_only``, only those whose latest row fires.
+
+    An alert linked to several incidents has one row per incident; the most recent one says what it is
+    now (the Alertmanager API lists alerts, not links). The firing filter runs before the limit, so
+    resolved history never crowds out what fires.
+    """
+    where = "WHERE status = 'firing' AND ends_at IS NULL" if firing_only else ""
+    rows = conn.execute(
+        f"SELECT {_ALERT_COLUMNS} FROM ("
+        f" SELECT DISTINCT ON (fingerprint) {_ALERT_COLUMNS} FROM alerts"
+        "  ORDER BY fingerprint, last_seen_at DESC, incident_id DESC"
+        f") latest {where} ORDER BY starts_at, fingerprint LIMIT %s",
+        (limit,),
+    ).fetchall()
+    if not conn.autocommit:
+        conn.commit()
+    return [_alert(r) for r in rows]

@@ -67,6 +67,13 @@ ROLES = {
     ("POST", "/api/v1/tokens"): Role.ADMIN,
     ("DELETE", "/api/v1/tokens/{name_or_id}"): Role.ADMIN,
     ("GET", "/api/v1/audit"): Role.OPERATOR,
+    ("GET", "/api/v2/silences"): Role.VIEWER,
+    ("POST", "/api/v2/silences"): Role.OPERATOR,
+    ("GET", "/api/v2/silence/{silence_id}"): Role.VIEWER,
+    ("DELETE", "/api/v2/silence/{silence_id}"): Role.OPERATOR,
+    ("GET", "/api/v2/alerts"): Role.VIEWER,
+    ("GET", "/api/v2/alerts/groups"): Role.VIEWER,
+    ("GET", "/api/v2/status"): Role.VIEWER,
 }
 
 
@@ -173,6 +180,7 @@ def test_a_viewer_reads_but_gets_403_for_every_write(world) -> None:
         ("POST", f"/api/v1/remediation/runs/{run_id}/reject", None),
         ("POST", "/api/v1/silences", silence),
         ("DELETE", "/api/v1/silences/sil-1", None),
+        ("DELETE", "/api/v2/silence/sil-1", None),
         ("PUT", "/api/v1/remediation/kill-switch", {"enabled": True}),
         ("POST", "/api/v1/tokens", {"name": "evil", "role": "admin"}),
         ("GET", "/api/v1/tokens", None),
