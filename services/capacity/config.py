@@ -79,6 +79,9 @@ class CapacityConfig(_Model):
     saturation: SaturationThresholds = SaturationThresholds()
     hysteresis: Hysteresis = Hysteresis()
     min_kv_for_estimate: float = Field(default=0.05, gt=0, lt=1)
+    queueing_depth: float = Field(default=1.0, gt=0)
+    slo_evidence_s: float = Field(default=3600.0, ge=0)
+    max_step: int = Field(default=3, ge=1)
     gpu_prices: dict[str, float] = Field(default_factory=dict)
     variants: dict[str, VariantConfig] = Field(default_factory=dict)
 

@@ -25,6 +25,7 @@ of them relieves all of them):
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -67,11 +68,16 @@ class ReplicaObservation:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One planning input: the time, each variant's current replica count, and the replicas' metrics."""
+    """One planning input: the time, each variant's current replica count, and the replicas' metrics.
+
+    ``free_gpus`` (by GPU type, None: unknown) keeps the planner from asking for a replica that
+    could only sit Pending.
+    """
 
     t: float
     replicas: Mapping[str, int]
     observations: tuple[ReplicaObservation, ...] = ()
+    free_gpus: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class VariantView:
     ready: int
     loading: int
     saturated: int
+    kv_mean: float
     spare_kv: float
     spare_queue: float
     ttft_p95_s: float | None
@@ -92,6 +99,7 @@ class VariantView:
     cost_per_1k_tokens: float
     needs_capacity: bool
     slo_breach: bool
+    queueing: bool
     meets_slo: bool
 
     @property
@@ -120,6 +128,7 @@ class PlannerState:
     last_event_t: Mapping[str, float] = field(default_factory=dict)
     last_up_t: Mapping[str, float] = field(default_factory=dict)
     safe_streak: Mapping[str, int] = field(default_factory=dict)
+    slo_met_t: Mapping[str, float] = field(default_factory=dict)
     events: tuple[tuple[str, float], ...] = ()
 
 
@@ -200,9 +209,12 @@ class CapacityPlanner:
         itl = _weighted((o.itl_p95_s, o.output_tokens_per_s) for o in ready)
         ttft_bad = ttft is not None and ttft > cfg.slo.ttft_p95_s
         itl_bad = itl is not None and itl > cfg.slo.itl_p95_s
-        # A TTFT breach on a saturated variant is queueing, which capacity cures; an ITL breach, or a
-        # TTFT breach with no queue, is the variant's own speed, which more replicas do not change.
-        meets = itl is not None and not itl_bad and (not ttft_bad or bool(saturated))
+        # A TTFT breach with a queue is queueing, which capacity cures; an ITL breach, or a TTFT
+        # breach with no queue, is the variant's own speed, which more replicas do not change.
+        queueing = bool(saturated) or (
+            bool(ready) and statistics.fmean(o.num_requests_waiting for o in ready) >= self.config.queueing_depth
+        )
+        meets = itl is not None and not itl_bad and (not ttft_bad or queueing)
         tps = self._tokens_per_replica(name, ready)
         cost = cfg.replica_usd_per_hour(name) / HOUR_S / tps * 1000.0
         return VariantView(
@@ -212,6 +224,7 @@ class CapacityPlanner:
             ready=len(ready),
             loading=len(obs) - len(ready),
             saturated=len(saturated),
+            kv_mean=statistics.fmean(o.kv_cache_usage for o in ready) if ready else 0.0,
             spare_kv=spare_kv,
             spare_queue=spare_queue,
             ttft_p95_s=ttft,
@@ -220,6 +233,7 @@ class CapacityPlanner:
             cost_per_1k_tokens=cost,
             needs_capacity=needs,
             slo_breach=ttft_bad or itl_bad,
+            queueing=queueing,
             meets_slo=meets,
         )
 
@@ -253,18 +267,28 @@ class CapacityPlanner:
         """
         state = state or PlannerState()
         views, notes = self.analyse(snapshot)
+        met = dict(state.slo_met_t)
+        for n, v in views.items():
+            if not v.in_transition and v.ttft_p95_s is not None and v.itl_p95_s is not None and not v.slo_breach:
+                met[n] = snapshot.t
+        state = replace(state, slo_met_t=met)
         decisions: dict[str, Decision] = {}
         models = sorted({v.model for v in views.values()})
         for model in models:
             group = {n: v for n, v in views.items() if v.model == model}
-            out, state = self._plan_model(model, group, snapshot.t, state)
+            out, state = self._plan_model(model, group, snapshot.t, state, snapshot.free_gpus)
             decisions.update(out)
         horizon = snapshot.t - HOUR_S
         state = replace(state, events=tuple(e for e in state.events if e[1] > horizon))
         return Plan(snapshot.t, decisions, views, tuple(notes)), state
 
     def _plan_model(
-        self, model: str, group: dict[str, VariantView], t: float, state: PlannerState
+        self,
+        model: str,
+        group: dict[str, VariantView],
+        t: float,
+        state: PlannerState,
+        free_gpus: Mapping[str, int] | None,
     ) -> tuple[dict[str, Decision], PlannerState]:
         cfg, hy = self.config, self.config.hysteresis
         hold = {n: Decision(n, v.current, v.current, "hold", "within band") for n, v in group.items()}
@@ -289,7 +313,13 @@ class CapacityPlanner:
             hold[n] = Decision(
                 n, v.current, v.current, "hold", f"skipped: {v.current - v.ready} replica(s) not ready yet"
             )
+        # Any breach presses for capacity, even where the breaching variant is no target: prefill-bound
+        # replicas slow down with load long before their KV cache or queue shows it, and the capacity
+        # added elsewhere takes their load (the gateway balances a model's variants). A variant slow
+        # even when idle keeps asking too, bounded by max_replicas and the hourly cap: its cure is
+        # routing away or switch_variant, which this planner does not decide.
         pressure = [n for n, v in settled.items() if v.needs_capacity or v.slo_breach]
+        # Any breach, curable or not, forbids shedding: a slow variant would take the load it sheds.
         idle = bool(settled) and all(
             v.saturated == 0 and not v.needs_capacity and not v.slo_breach for v in settled.values()
         )
@@ -320,17 +350,25 @@ class CapacityPlanner:
             if recent >= hy.max_events_per_hour:
                 reason = f"needs capacity ({why_pressure}), but {recent} scale events in the last hour is the cap"
                 return self._hold_all(hold, settled, reason), state
-            candidates = [v for n, v in settled.items() if v.meets_slo and v.current < cfg.variants[n].max_replicas]
+            candidates = [
+                v
+                for n, v in settled.items()
+                if self._eligible(v, t, state) and v.current < cfg.variants[n].max_replicas and self._fits(n, free_gpus)
+            ]
             if not candidates:
-                reason = f"needs capacity ({why_pressure}), but no variant meets the SLO below its max_replicas"
+                reason = (
+                    f"needs capacity ({why_pressure}), but no variant meets the SLO below its max_replicas "
+                    "with free GPUs for a replica"
+                )
                 return self._hold_all(hold, settled, reason), state
             pick = min(candidates, key=lambda v: (v.cost_per_1k_tokens, v.variant))
+            step = self._step(pick, settled, free_gpus)
             hold[pick.variant] = Decision(
                 pick.variant,
                 pick.current,
-                pick.current + 1,
+                pick.current + step,
                 "up",
-                f"{why_pressure}: +1 on the cheapest variant meeting the SLO "
+                f"{why_pressure}: +{step} on the cheapest variant meeting the SLO "
                 f"(${pick.cost_per_1k_tokens:.4f} per 1k tokens)",
             )
             return hold, self._record(state, model, group, t, up=True)
@@ -361,6 +399,39 @@ class CapacityPlanner:
             )
             return hold, self._record(state, model, group, t, up=False)
         return hold, state
+
+    def _eligible(self, v: VariantView, t: float, state: PlannerState) -> bool:
+        """May ``v`` receive capacity: does it meet the SLO now, or did it recently?
+
+        Under overload every variant's latency breaks, ITL included (prefill steals decode time), so
+        the latency of the moment cannot tell a variant too slow by nature from one that is only
+        overloaded. A variant seen meeting both targets within ``slo_evidence_s`` is the latter.
+        """
+        seen = state.slo_met_t.get(v.variant)
+        return v.meets_slo or (seen is not None and t - seen <= self.config.slo_evidence_s)
+
+    def _step(self, pick: VariantView, settled: Mapping[str, VariantView], free_gpus: Mapping[str, int] | None) -> int:
+        """Replicas to add to ``pick``: enough to bring the model's KV use back to the spare line.
+
+        The model's token capacity short of keeping every variant at ``kv_cache - spare_kv`` is
+        the sum over variants of ready x tokens/s x (KV use / that line - 1); it is divided by one
+        ``pick`` replica's tokens/s. Models take minutes to load and nothing more is added while
+        they do, so one replica at a time would chase a surge; ``max_step`` bounds the overshoot.
+        At least 1 (the pressure may be latency alone), and never past max_replicas or free GPUs.
+        """
+        cfg, sat = self.config, self.config.saturation
+        line = sat.kv_cache - sat.spare_kv
+        short = sum(v.ready * v.tokens_per_s_per_replica * max(0.0, v.kv_mean / line - 1.0) for v in settled.values())
+        step = max(1, min(cfg.max_step, math.ceil(short / pick.tokens_per_s_per_replica - 1e-9)))
+        vc = cfg.variants[pick.variant]
+        step = min(step, vc.max_replicas - pick.current)
+        if free_gpus is not None:
+            step = min(step, free_gpus.get(vc.gpu_type, 0) // vc.gpus_per_replica)
+        return max(1, step)
+
+    def _fits(self, variant: str, free_gpus: Mapping[str, int] | None) -> bool:
+        vc = self.config.variants[variant]
+        return free_gpus is None or free_gpus.get(vc.gpu_type, 0) >= vc.gpus_per_replica
 
     def _pressure_reason(self, v: VariantView) -> str:
         slo = self.config.slo

@@ -118,17 +118,52 @@ def test_a_variant_missing_the_itl_target_gets_no_capacity_even_when_cheapest() 
     assert not plans[UP - 1].views["big"].meets_slo
 
 
-def test_a_ttft_breach_without_saturation_still_asks_for_capacity() -> None:
-    # No replica is saturated, but TTFT p95 is above its 2 s target: the SLO is what the user feels.
+def test_a_queueing_ttft_breach_asks_for_capacity_before_saturation() -> None:
+    # No replica is saturated (KV 30%, 2 waiting), but TTFT p95 is above its 2 s target.
     plans = run(
         CapacityPlanner(config()),
         {"big": 2, "small": 2},
-        lambda t, v, i, n: rep(v, i, kv=0.3, waiting=1, ttft=3.0 if v == "small" else 1.0),
+        lambda t, v, i, n: rep(v, i, kv=0.3, waiting=2, ttft=3.0 if v == "small" else 1.0),
         plans=UP,
     )
     (up,) = plans[UP - 1].changes()
-    assert up.variant == "big"  # small's slowness is its own (no queue), so it is no target
-    assert "TTFT" in up.reason
+    assert up.variant == "big"
+    assert "small TTFT p95 3.00s > 2s" in up.reason
+
+
+def test_a_variant_slow_without_a_queue_is_no_target_but_still_asks_for_capacity() -> None:
+    # small misses TTFT with no queue, so more small replicas would not help; yet it is the cheaper
+    # per token (3,000 tokens/s at 37.5% of the KV threshold: 8,000 at saturation, $0.00014 per 1k).
+    def load(t: float, v: str, i: int, n: int) -> ReplicaObservation:
+        slow = v == "small"
+        return rep(v, i, kv=0.3, waiting=0, ttft=3.0 if slow else 1.0, tokens=3000 if slow else 0)
+
+    plans = run(CapacityPlanner(config()), {"big": 2, "small": 2}, load, plans=UP)
+    views = plans[-1].views
+    assert views["small"].cost_per_1k_tokens < views["big"].cost_per_1k_tokens
+    assert not views["small"].meets_slo
+    assert [(d.variant, d.action) for d in plans[-1].changes()] == [("big", "up")]
+
+
+def test_no_scale_down_while_any_variant_of_the_model_misses_the_slo() -> None:
+    hy = {"down_confirmations": 1, "down_cooldown_s": 0}
+    plans = run(
+        CapacityPlanner(config(hysteresis=hy)),
+        {"big": 3, "small": 3},
+        lambda t, v, i, n: rep(v, i, kv=0.05, ttft=3.0 if v == "small" else 0.5),
+        plans=20,
+    )
+    assert not any(d.action == "down" for p in plans for d in p.changes())
+
+
+def test_no_replica_is_asked_for_without_free_gpus_of_its_type() -> None:
+    # big needs 4 GPUs and only 2 are free: small, dearer per token, is the one that fits.
+    planner = CapacityPlanner(config())
+    state = PlannerState()
+    obs = tuple(rep(v, i, kv=0.9, waiting=6) for v in ("big", "small") for i in range(2))
+    for k in range(1, UP + 1):
+        plan, state = planner.plan(Snapshot(k * INTERVAL, {"big": 2, "small": 2}, obs, {"h100": 2}), state)
+    assert [(d.variant, d.action) for d in plan.changes()] == [("small", "up")]
 
 
 def test_idle_fleet_sheds_a_replica_of_the_most_expensive_variant_per_token() -> None:
@@ -253,3 +288,20 @@ def test_replicas_below_the_minimum_are_restored_first() -> None:
     plan, _ = CapacityPlanner(cfg).plan(Snapshot(30.0, {"v": 0}, ()))
     assert plan.desired() == {"v": 2}
     assert "min_replicas" in plan.decisions["v"].reason
+
+
+def test_a_deep_overload_adds_several_replicas_at_once_within_max_step() -> None:
+    # One variant, 6 replicas all at 100% KV: keeping them at the 0.70 spare line takes 6 / 0.7 = 8.6
+    # replicas' worth, so 3 more; with max_step 2, 2.
+    one = {"v": {"model": "m", "gpu_type": "h100", "prior_tokens_per_s": 1000}}
+    for max_step, want in ((3, 9), (2, 8)):
+        plans = run(
+            CapacityPlanner(config(variants=one, max_step=max_step)),
+            {"v": 6},
+            lambda t, v, i, n: rep(v, i, kv=1.0, waiting=10),
+            plans=UP,
+            apply=False,
+        )
+        (up,) = plans[-1].changes()
+        assert up.desired == want
+        assert f"+{want - 6}" in up.reason
