@@ -9,6 +9,7 @@ Queues:
     remediation  playbook actions (acknowledged early, never auto-retried)
     verify       read-only verification (retried with backoff)
     notify       Slack / PagerDuty / webhook deliveries (retried on 429 and 5xx)
+    reports      post-incident reports rendered when an incident resolves (a second of CPU each)
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from kombu import Queue
 
 from services.core.settings import Settings
 
-QUEUES = ("default", "remediation", "verify", "notify")
+QUEUES = ("default", "remediation", "verify", "notify", "reports")
 RECOVER_TASK = "clustermedic.remediation.recover"
+REPORT_TASK = "clustermedic.reports.render"
 
-app = Celery("clustermedic", include=["services.remediation.tasks", "services.notify.tasks"])
+app = Celery("clustermedic", include=["services.remediation.tasks", "services.notify.tasks", "services.reports.tasks"])
 
 
 def configure(settings: Settings, *, recover_interval_s: float | None = None) -> Celery:

@@ -1,6 +1,6 @@
 """Knowledge-base and diagnosis commands, mounted by ``services/cli.py`` as ``medic kb ...`` and ``medic diagnose``.
 
-``app`` holds ``index``, ``search`` and ``diagnose``; each command builds one Settings object and
+``app`` holds ``index``, ``import-postmortem``, ``search`` and ``diagnose``; each command builds one Settings object and
 prints JSON on stdout (progress and errors go to stderr).
 """
 
@@ -42,6 +42,34 @@ def index_cmd(
     except ClusterMedicError as exc:
         raise _fail(exc) from exc
     _print(report.as_dict())
+
+
+@app.command("import-postmortem")
+def import_postmortem_cmd(
+    file: Annotated[
+        Path, typer.Argument(help="The post-mortem: Markdown with the front matter of knowledge/postmortems.")
+    ],
+    path: Annotated[
+        Path | None, typer.Option(help="Knowledge folder to file it in (default: CLUSTERMEDIC_KB_DIR or knowledge/).")
+    ] = None,
+    replace: Annotated[bool, typer.Option(help="Overwrite a different post-mortem filed under the same id.")] = False,
+) -> None:
+    """Import a post-mortem people wrote: validate it, file it under postmortems/ and index it.
+
+    Exit codes: 0 imported, 2 the file or its front matter is invalid (the message says which key), 1 the
+    database or the embedder failed.
+    """
+    from services.core.errors import ConfigError
+    from services.diagnostician.kb import import_postmortem
+
+    try:
+        imported = import_postmortem(Settings(), file, root=path, replace=replace)
+    except ConfigError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        raise typer.Exit(2) from exc
+    except ClusterMedicError as exc:
+        raise _fail(exc) from exc
+    _print(imported.as_dict())
 
 
 @app.command("search")

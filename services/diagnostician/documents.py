@@ -12,11 +12,14 @@ Labels (stored as ``kb_chunks.labels`` jsonb, filtered with ``@>``) come from fr
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from services.core.errors import ConfigError
 from services.core.events import IncidentEvent
@@ -147,40 +150,170 @@ def runbook_document(runbook: Runbook, salt: str = "") -> KbDocument:
     )
 
 
-def postmortem_document(path: Path, salt: str = "") -> KbDocument:
-    """Chunk one post-mortem (``id``, ``title`` and ``root_cause`` front matter required).
+_KEBAB = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+_SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
+
+
+class PlaybookRun(BaseModel):
+    """One remediation a post-mortem says was run (``playbooks_run`` in its front matter)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    level: int = Field(ge=1, le=3)
+    status: str = Field(min_length=1)
+    approver: str | None = None
+
+
+class PostmortemFrontMatter(BaseModel):
+    """The front matter of a post-mortem (``knowledge/postmortems/*.md``), the one schema for all of them.
+
+    Unknown keys are refused, as in a runbook: in a hand-written file an unknown key is a typo, and a
+    misspelt ``root_cause`` would make the post-mortem one the diagnostician never cites.
+
+    Attributes:
+        id: unique kebab-case id (the document id in the knowledge base).
+        title: one line for humans.
+        root_cause: the snake_case root-cause category (a runbook's ``root_cause``), what a diagnosis of a
+            similar incident is matched and cited under.
+        date: the day of the incident.
+        severity: ``info``, ``warning`` or ``critical``.
+        services: the models and pools affected.
+        playbooks_run: what was run, in order.
+        duration_minutes: how long it lasted.
+        area, hardware, cluster, model: retrieval labels (optional).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    title: str = Field(min_length=1)
+    root_cause: str
+    date: dt.date | None = None
+    severity: Literal["info", "warning", "critical"] | None = None
+    services: tuple[str, ...] = ()
+    playbooks_run: tuple[PlaybookRun, ...] = ()
+    duration_minutes: float | None = Field(default=None, ge=0)
+    area: str | None = None
+    hardware: str | None = None
+    cluster: str | None = None
+    model: str | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _kebab(cls, value: str) -> str:
+        if not _KEBAB.match(value):
+            raise ValueError(f"{value!r} is not kebab-case (lower-case words joined by '-')")
+        return value
+
+    @field_validator("root_cause")
+    @classmethod
+    def _snake(cls, value: str) -> str:
+        if not _SNAKE.match(value):
+            raise ValueError(f"{value!r} is not a snake_case root-cause category")
+        return value
+
+
+def parse_postmortem(source: str, path: Path) -> tuple[PostmortemFrontMatter, str]:
+    """Split a post-mortem into its validated front matter and its body.
 
     Raises:
-        ConfigError: the file cannot be read or lacks those keys.
+        ConfigError: no front matter, not YAML, or a key missing, unknown or of the wrong type; the
+            message names the file and every offending key.
+    """
+    data, body = split_front_matter(source, path)
+    try:
+        meta = PostmortemFrontMatter.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]) or "front matter"
+            problems.append(f"{where}: {error['msg']}")
+        raise ConfigError(f"{path}: invalid post-mortem front matter: {'; '.join(problems)}") from None
+    if not body.strip():
+        raise ConfigError(f"{path}: the post-mortem has front matter but no text after it")
+    return meta, body
+
+
+def postmortem_document(path: Path, salt: str = "") -> KbDocument:
+    """Chunk one post-mortem (front matter as :class:`PostmortemFrontMatter`).
+
+    Raises:
+        ConfigError: the file cannot be read or its front matter is invalid.
     """
     try:
         source = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read post-mortem: {exc}") from exc
-    data, body = split_front_matter(source, path)
-    missing = [key for key in ("id", "title", "root_cause") if not data.get(key)]
-    if missing:
-        raise ConfigError(f"{path}: post-mortem front matter lacks {', '.join(missing)}")
+    meta, body = parse_postmortem(source, path)
+    data = meta.model_dump(mode="json", exclude_none=True)
     labels: dict[str, Any] = {"kind": "postmortem"}
     labels.update({key: str(data[key]) for key in _LABEL_KEYS if data.get(key)})
-    played = [p.get("name", "") for p in data.get("playbooks_run", []) or [] if isinstance(p, dict)]
-    services = [str(s) for s in data.get("services", []) or []]
+    played = [p.name for p in meta.playbooks_run]
     header = (
-        f"Post-mortem; root cause {data['root_cause']}; services {' '.join(services)}; playbooks {' '.join(played)}"
+        f"Post-mortem; root cause {meta.root_cause}; services {' '.join(meta.services)}; playbooks {' '.join(played)}"
     )
-    metadata: dict[str, Any] = {
-        key: value for key, value in data.items() if key not in ("id", "title") and _jsonable(value)
-    }
-    metadata["root_cause"] = str(data["root_cause"])
+    metadata: dict[str, Any] = {key: value for key, value in data.items() if key not in ("id", "title")}
     summary, rest = _first_section(body)
     return KbDocument(
-        doc_id=str(data["id"]),
+        doc_id=meta.id,
         kind="postmortem",
-        title=str(data["title"]),
+        title=meta.title,
         path=_relative(path),
         content_hash=content_hash(source, salt),
         metadata=metadata,
-        chunks=_chunks(str(data["title"]), header, summary, rest, labels),
+        chunks=_chunks(meta.title, header, summary, rest, labels),
+    )
+
+
+def report_doc_id(incident_id: str) -> str:
+    """The knowledge-base id of an incident's generated report: one document per incident, its latest version."""
+    return f"report-{incident_id}"
+
+
+def report_document(
+    incident_id: str,
+    title: str,
+    root_cause: str,
+    markdown: str,
+    *,
+    labels: dict[str, str] | None = None,
+    metadata: dict[str, Any] | None = None,
+    salt: str = "",
+) -> KbDocument:
+    """A generated post-incident report (services/reports) as a knowledge document of kind ``report``.
+
+    Chunked like a post-mortem: the overview chunk is the report's first section (its summary), each
+    other ``##`` section a chunk of its own, every chunk headed by the title and a ``Post-mortem;`` line
+    naming the root cause, so the diagnostician matches a new incident against it and cites it under
+    that cause (:func:`services.diagnostician.ranker.rank`). Only a report whose root cause was diagnosed
+    is indexed: a document without one could never be cited.
+
+    Args:
+        incident_id: the reported incident.
+        title: the report's title.
+        root_cause: the cause of the diagnosis the report's remediation followed.
+        markdown: the report as Markdown (services.reports.render.to_markdown).
+        labels: retrieval labels from the incident (``cluster``, ``model``...; others are ignored).
+        metadata: extra metadata stored with the document (incident version, playbooks).
+        salt: the embedder name, mixed into the content hash.
+    """
+    # from the first section on: the title is every chunk's first line already, the subtitle says nothing
+    lines = markdown.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    body = "\n".join(lines[start:])
+    summary, rest = _first_section(body)
+    chunk_labels: dict[str, Any] = {"kind": "report", "root_cause": root_cause}
+    chunk_labels.update({key: str((labels or {})[key]) for key in _LABEL_KEYS if (labels or {}).get(key)})
+    header = f"Post-mortem; generated report of incident {incident_id}; root cause {root_cause}"
+    return KbDocument(
+        doc_id=report_doc_id(incident_id),
+        kind="report",
+        title=title,
+        path="",
+        content_hash=content_hash(f"{root_cause}\n{markdown}", salt),
+        metadata={**(metadata or {}), "root_cause": root_cause, "incident_id": incident_id},
+        chunks=_chunks(title, header, summary, rest, chunk_labels),
     )
 
 
@@ -192,10 +325,6 @@ def _first_section(body: str) -> tuple[str, str]:
     first = f"## {heading}\n{text}" if heading else text
     rest = "\n\n".join(f"## {h}\n{t}" if h else t for h, t in sections[1:])
     return first, rest
-
-
-def _jsonable(value: Any) -> bool:
-    return isinstance(value, (str, int, float, bool, list, dict)) or value is None
 
 
 def _relative(path: Path) -> str:

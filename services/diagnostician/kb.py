@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 from services.core.errors import StoreError
 from services.core.events import IncidentEvent
 from services.core.settings import Settings
-from services.diagnostician.documents import KbDocument, incident_document, load_documents
+from services.diagnostician.documents import KbDocument, incident_document, load_documents, postmortem_document
 from services.diagnostician.embedder import Embedder, make_embedder
 
 RRF_K = 60
@@ -389,3 +389,102 @@ def embedder_salt(embedder: Embedder) -> str:
     embedder = getattr(embedder, "inner", embedder)
     model = getattr(embedder, "model", None)
     return f"{embedder.name}:{model}" if isinstance(model, str) else embedder.name
+
+
+def index_report(conn: psycopg.Connection, embedder: Embedder, document: KbDocument) -> IndexReport:
+    """Add (or refresh) a generated post-incident report, a document of kind ``report``.
+
+    Reports are never removed by ``medic kb index`` (which is authoritative for runbooks and post-mortems
+    only): the knowledge folder does not hold them. An unchanged report (same content hash) embeds nothing.
+    """
+    return index_documents(conn, embedder, [document], remove_missing=False, kinds=("report",))
+
+
+@dataclass(frozen=True)
+class ImportedPostmortem:
+    """What ``medic kb import-postmortem`` did.
+
+    Attributes:
+        doc_id: the post-mortem's id.
+        path: where the file now is in the knowledge folder.
+        copied: False when the same file was already there.
+        index: what indexing did.
+    """
+
+    doc_id: str
+    path: Path
+    copied: bool
+    index: IndexReport
+
+    def as_dict(self) -> dict[str, Any]:
+        """For the CLI's JSON output."""
+        return {"doc_id": self.doc_id, "path": str(self.path), "copied": self.copied, **self.index.as_dict()}
+
+
+def import_postmortem(
+    settings: Settings,
+    file: Path,
+    *,
+    embedder: Embedder | None = None,
+    root: Path | None = None,
+    replace: bool = False,
+) -> ImportedPostmortem:
+    """``medic kb import-postmortem``: validate a person-written post-mortem, file it and index it.
+
+    The file is copied to ``<knowledge>/postmortems/<id>.md`` and indexed as kind ``postmortem``, so it is
+    one more file of the knowledge folder: a later ``medic kb index`` keeps it (that command deletes the
+    post-mortems whose file is gone), and it is reviewed and versioned like the others.
+
+    Its ``root_cause`` must be one the diagnostician ranks: a runbook's, or ``gpu_xid_<code>`` (the XID
+    catalog's); a post-mortem under any other cause would be indexed but never cited.
+
+    Args:
+        settings: the database, the embedder and, by default, the knowledge folder.
+        file: the post-mortem (front matter as ``knowledge/postmortems/*.md``).
+        embedder: default :func:`make_embedder` of the settings.
+        root: knowledge folder; default ``settings.kb_dir`` or the repository's ``knowledge/``.
+        replace: overwrite a different post-mortem already filed under the same id.
+
+    Raises:
+        ConfigError: the file is unreadable, its front matter invalid, its root cause unknown, or another
+            post-mortem already has its id (without ``replace``).
+        StoreError: the database rejected the write.
+    """
+    from services.core.errors import ConfigError
+    from services.diagnostician.documents import default_knowledge_dir, parse_postmortem
+    from services.diagnostician.runbooks import load_runbooks
+    from services.store.db import connect, migrate
+
+    try:
+        source = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{file}: cannot read post-mortem: {exc}") from exc
+    meta, _ = parse_postmortem(source, file)
+    folder = root or settings.kb_dir or default_knowledge_dir()
+    causes = {rb.root_cause for rb in load_runbooks(folder / "runbooks")}
+    if meta.root_cause not in causes and not re.fullmatch(r"gpu_xid_\d+", meta.root_cause):
+        raise ConfigError(
+            f"{file}: root_cause {meta.root_cause!r} is not a runbook's root cause nor gpu_xid_<code>;"
+            f" known: {', '.join(sorted(causes))}"
+        )
+    target = folder / "postmortems" / f"{meta.id}.md"
+    copied = True
+    if target.exists():
+        if target.read_text(encoding="utf-8") == source:
+            copied = False
+        elif not replace:
+            raise ConfigError(f"{file}: a different post-mortem {meta.id!r} is already filed at {target}")
+    others = [p for p in (folder / "postmortems").glob("*.md") if p != target] if target.parent.is_dir() else []
+    for other in others:
+        other_meta, _ = parse_postmortem(other.read_text(encoding="utf-8"), other)
+        if other_meta.id == meta.id:
+            raise ConfigError(f"{file}: post-mortem id {meta.id!r} is already used by {other}")
+    if copied:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(source, encoding="utf-8")
+    embedder = embedder or make_embedder(settings)
+    document = postmortem_document(target, salt=embedder_salt(embedder))
+    migrate(settings)
+    with connect(settings) as conn:
+        report = index_documents(conn, embedder, [document], remove_missing=False, kinds=("postmortem",))
+    return ImportedPostmortem(doc_id=meta.id, path=target, copied=copied, index=report)

@@ -18,6 +18,10 @@ incident's alerts select the routes, as they do in correlate.
 * The incident's **resolved** event sends a resolved notification to every receiver the notifier
   notified about it (PagerDuty ``resolve`` for what it paged), mute intervals or not: what the
   notifier opened, it closes. Correlate's own notifications resolve what correlate triggered.
+* The **resolved** event also asks for the incident's post-incident report
+  (:func:`services.reports.tasks.enqueue_report`, the ``reports`` queue), with the receivers notified
+  about it: the task posts the report's summary in their Slack threads. A redelivered resolved event
+  asks again; the task renders one report per incident version.
 
 Nothing orders one topic against another: the records of one poll are handled in the order they
 were produced, and an event that arrives before its incident is kept (:mod:`services.notify.state`)
@@ -81,6 +85,8 @@ class Outgoing:
 
 
 Send = Callable[[Outgoing], None]
+RequestReport = Callable[[IncidentEvent, tuple[str, ...]], None]
+"""Asks for the report of a resolved incident, with the receivers notified about it."""
 
 
 def event_digest(event: Event) -> str:
@@ -112,12 +118,17 @@ class IncidentFollower:
         routing: the loaded routing.yaml.
         store: where incident records are kept.
         send: receives each decision (the service enqueues it on Celery).
+        report: called with each resolved event and the receivers notified about its incident (the
+            service enqueues the report task); None asks for no reports.
     """
 
-    def __init__(self, routing: RoutingConfig, store: IncidentStore, send: Send) -> None:
+    def __init__(
+        self, routing: RoutingConfig, store: IncidentStore, send: Send, report: RequestReport | None = None
+    ) -> None:
         self.routing = routing
         self.store = store
         self.send = send
+        self.report = report
         self.tree = build_route_tree(routing.route)
         self.intervals = routing.named_intervals()
 
@@ -138,6 +149,8 @@ class IncidentFollower:
                     route, alerts = routes[receiver]
                     n = self._notification(route, alerts, event, status="resolved", reason="resolved", ts=event.ts)
                     self.send(Outgoing(n, state.diagnosis, state.remediation, event_digest(event)))
+        if event.kind == "resolved" and self.report is not None:
+            self.report(event, state.receivers)
         self.store.put(state)
 
     def on_diagnosis(self, diagnosis: Diagnosis) -> None:
@@ -333,6 +346,7 @@ def run(
     *,
     notify_settings: NotifySettings | None = None,
     send: Send | None = None,
+    report: RequestReport | None = None,
     stop: threading.Event | None = None,
     max_messages: int | None = None,
     poll_timeout_ms: int = 500,
@@ -345,6 +359,9 @@ def run(
         notify_settings: the incident records' TTL and key prefix; default from the environment.
         send: where decisions go; default :func:`services.notify.tasks.enqueue` (Celery must be
             configured, as ``medic notifier`` does).
+        report: where a resolved incident's report is asked for; default (with the default ``send``)
+            :func:`services.reports.tasks.enqueue_report`. A caller that passes its own ``send`` gets no
+            reports unless it passes this too.
         stop: set it to end the loop after the current poll.
         max_messages: end after this many messages (tests, one-shot runs).
         poll_timeout_ms: how long one poll waits.
@@ -359,8 +376,14 @@ def run(
         def send(out: Outgoing) -> None:
             enqueue(out.notification, routing, diagnosis=out.diagnosis, remediation=out.remediation, event=out.event)
 
+        if report is None:
+            from services.reports.tasks import enqueue_report
+
+            def report(event: IncidentEvent, receivers: tuple[str, ...]) -> None:
+                enqueue_report(event.incident_id, event.ts, routing, receivers)
+
     store = RedisIncidentStore(redis.Redis.from_url(settings.broker_url), ns.incident_ttl_s, ns.key_prefix)
-    follower = IncidentFollower(routing, store, send)
+    follower = IncidentFollower(routing, store, send, report)
     names = {settings.topic(t): t for t in TOPICS}
     try:
         kafka = KafkaConsumer(

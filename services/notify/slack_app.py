@@ -112,3 +112,39 @@ class SlackAppNotifier(Notifier):
             external_id=str(answer.get("ts", "")),
             truncated=rendered.truncated,
         )
+
+    def post_in_thread(self, incident_id: str, text: str, blocks: list[dict[str, Any]]) -> DeliveryResult:
+        """Post one message about an incident in its thread, or as a new message when it has none.
+
+        What the post-incident report task (services/reports/tasks.py) posts: a summary with a link. It is
+        not a notification of the routing tree, so it neither creates the thread nor edits its parent; an
+        incident whose thread was never posted (or has expired from the thread store) still gets its
+        summary in the channel.
+
+        Args:
+            incident_id: the incident whose thread to reply in.
+            text: the notification text (shown where blocks are not).
+            blocks: Block Kit blocks, within Slack's limits.
+
+        Returns:
+            The result, ``external_id`` the message ``ts`` (``requests`` 1).
+
+        Raises:
+            NotifierConfigError: no channel or thread store.
+            RetryableDelivery, PermanentDelivery: as :meth:`call`.
+        """
+        channel = str(self.config.get("channel") or "")
+        if not channel:
+            raise NotifierConfigError(f"{self.name}: the config needs channel")
+        threads = self.context.threads
+        if threads is None:
+            raise NotifierConfigError(f"{self.name}: no thread store configured")
+        post_url, _ = self._urls()
+        parent = threads.get(channel, incident_id)
+        body: dict[str, Any] = {"channel": parent.channel if parent else channel, "text": text, "blocks": blocks}
+        if parent is not None:
+            body["thread_ts"] = parent.ts
+        answer = self.call(post_url, body, self.secret("app_token"))
+        return DeliveryResult(
+            notifier=self.name, receiver="", status_code=200, requests=1, external_id=str(answer.get("ts", ""))
+        )

@@ -3,7 +3,9 @@
     ClusterMedicError
     └── ReportError            a report cannot be made
         ├── IncidentNotFound   no stored incident has that id (the CLI exits 2, the API answers 404)
-        └── RenderError        the facts are there but a format cannot be produced (no Chromium for PDF)
+        ├── RenderError        the facts are there but a format cannot be produced (no Chromium for PDF)
+        └── NotCaughtUp        the stored incident is older than the event that asked for its report
+                               (the report task retries until the correlate role's upsert lands)
 
 A missing diagnosis, run or telemetry is no error: the report says what is missing.
 """
@@ -27,3 +29,12 @@ class IncidentNotFound(ReportError):
 
 class RenderError(ReportError):
     """A format could not be produced (the message says what to install or fix)."""
+
+
+class NotCaughtUp(ReportError):
+    """The stored incident is older than the resolved event that asked for its report.
+
+    The correlate role publishes the event and upserts PostgreSQL; nothing orders the two, so the report
+    task may run before the row says ``resolved``. It retries (with backoff) rather than report a state
+    the event already left.
+    """
