@@ -49,6 +49,7 @@ from services.core.events import Diagnosis, IncidentEvent, KubeEvent, Remediatio
 from services.core.paths import REPO_ROOT
 from services.core.settings import Settings
 from services.diagnostician.ranker import RunbookIndex
+from services.diagnostician.service import diagnosable
 from services.remediation.errors import ActuatorError, VerificationFailed, VerificationPending
 from services.remediation.executor import Executor, StaleTask
 from services.remediation.model import Step
@@ -499,7 +500,7 @@ def run_episode(
                     doctor.change_log.observe(item)
             for event in correlate.feed(batch, offline.feed(batch), now):
                 incidents.append(event)
-                if event.kind not in ("opened", "updated"):
+                if not diagnosable(event):
                     continue  # the diagnostician service's rule
                 diagnosis = doctor.diagnose(event).model_copy(update={"ts": sim.epoch + now})
                 diagnoses += 1

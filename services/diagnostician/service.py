@@ -4,8 +4,12 @@ A consumer-group loop (services.core.consumer; not a Faust agent: diagnosing is 
 with a database and, optionally, an LLM call). A crash re-diagnoses at most one poll's incidents
 (at-least-once; a repeated diagnosis is a new row, harmless).
 
-Only ``opened`` and ``updated`` events are diagnosed: a mitigated or resolved incident needs no new
-diagnosis. A message that is not an IncidentEvent goes to ``deadletter.v1`` and the loop goes on.
+Only ``opened`` and ``updated`` events of an incident still open are diagnosed (:func:`diagnosable`): a
+mitigated or resolved incident needs no new diagnosis. An ``updated`` event of a mitigated incident
+(its remedy verified; alerts of the recovery itself, such as a replacement replica's startup probe,
+still joining) proposing a second remedy did harm in the demo: an approved rollback of the deployment
+whose lost replica had just been replaced. A member firing again reopens the incident, and it is
+diagnosed again. A message that is not an IncidentEvent goes to ``deadletter.v1`` and the loop goes on.
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ log = logging.getLogger(__name__)
 
 CONSUMER = "diagnostician"
 DIAGNOSED_KINDS = frozenset({"opened", "updated"})
+
+
+def diagnosable(incident: IncidentEvent) -> bool:
+    """Whether an incident event is diagnosed: an opening or an update of an incident still open."""
+    return incident.kind in DIAGNOSED_KINDS and incident.labels.get("state", "open") == "open"
 
 
 def run(
@@ -112,7 +121,7 @@ def handle(raw: bytes, key: bytes | None, settings: Settings, doctor: Diagnostic
             )
         )
         return
-    if incident.kind not in DIAGNOSED_KINDS:
+    if not diagnosable(incident):
         return
     try:
         diagnosis = diagnose_incident(incident, settings, diagnostician=doctor, publisher=publisher)

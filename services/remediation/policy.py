@@ -98,7 +98,8 @@ def incident_busy(incident_id: str, state: GuardrailState, *, exclude_run: str =
     One remedy at a time per incident: a second one stacked on a run still verifying acts on a
     cluster the first is changing (a replica drained while the GPU's pods are being evicted), and
     neither run's verification then says what it did. A later diagnosis proposes it again once the
-    first run has finished. A run a human approved is not held: the engineer decides.
+    first run has finished. Nor is a level-2 run put to a human while one is in flight (the decision
+    is ``blocked``); one a human already approved is not held at its start: the engineer decided.
     """
     if not incident_id:
         return []
@@ -308,6 +309,12 @@ def plan_from_diagnosis(
     if kill := kill_switch_reasons(spec, state):
         return Decision(**common, outcome="blocked", reasons=tuple(kill))
     in_window = [w for w in spec.maintenance_windows if w.contains(now)]
+    busy = incident_busy(diagnosis.incident_id, state)
+    if busy and (level > spec.max_auto_level or in_window):
+        # a human asked to approve a second remedy while the first still acts would approve it blind
+        # (the demo's approved rollback of a deployment whose lost replica was being replaced);
+        # a later diagnosis proposes it again once the run has finished
+        return Decision(**common, outcome="blocked", reasons=tuple(busy))
     if level > spec.max_auto_level:
         return Decision(
             **common,
@@ -322,7 +329,7 @@ def plan_from_diagnosis(
         )
     if breaker := breaker_reasons(spec, state, now, automatic=True):
         return Decision(**common, outcome="page", reasons=tuple(breaker))
-    blocks = incident_busy(diagnosis.incident_id, state) + check_guardrails(targets, spec, state, now)
+    blocks = busy + check_guardrails(targets, spec, state, now)
     if blocks:
         return Decision(**common, outcome="blocked", reasons=tuple(blocks))
     return Decision(**common, outcome="execute", reasons=(f"level {level} runs automatically",))

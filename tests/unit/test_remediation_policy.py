@@ -249,3 +249,15 @@ def test_an_incident_runs_one_automatic_remedy_at_a_time():
     held = start_blocks("me", Targets(pods=("p",)), spec, state, NOW, automatic=True, incident_id="inc-a")
     assert held and "in flight" in held[0]
     assert start_blocks("me", Targets(pods=("p",)), spec, state, NOW, automatic=False, incident_id="inc-a") == []
+
+
+def test_no_level_two_remedy_is_put_to_a_human_while_a_run_of_its_incident_acts():
+    # the demo: evict_gpu_pods verifying the XID 79 replica's replacement, whose startup probe made the
+    # ranker propose rollback_deployment; approved blind, it failed and kept the SLO down
+    evicting = run("r-evict", "running", 30, nodes=("n9",)).model_copy(update={"incident_id": "inc-a"})
+    state = GuardrailState(runs=(evicting,))
+    rollback = diagnosis("drain_node", {"node": "n1"}).model_copy(update={"incident_id": "inc-a"})
+    d = plan_from_diagnosis(rollback, policy(), REG, state=state)
+    assert d.outcome == "blocked" and "r-evict in flight" in d.reasons[0]
+    later = plan_from_diagnosis(rollback, policy(), REG, state=GuardrailState(runs=()))
+    assert later.outcome == "await_approval"  # once the run has finished, the human is asked
