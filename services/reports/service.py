@@ -1,7 +1,7 @@
 """Render the post-incident report of one stored incident: the function every caller uses.
 
-``medic report``, ``GET /api/v1/incidents/{id}/report`` and (issue 17 item 4, later) the Celery task that
-renders a report when an incident resolves all call :func:`render_report` or :func:`build_incident_report`:
+``medic report``, ``GET /api/v1/incidents/{id}/report`` and the Celery task that renders a report when an
+incident resolves (:mod:`services.reports.archive`) all call :func:`render_report` or :func:`build_incident_report`:
 facts from PostgreSQL, series from the metric source, plots, then the format asked for. The same stored
 incident version gives the same report (nothing in it depends on the wall clock), so a task may render it
 again after a redelivery and get the same bytes.
