@@ -5,7 +5,8 @@ database, its metrics on a fresh ``telemetry.metrics.v1``) is followed by the no
 (:class:`~services.notify.service.IncidentFollower`, with the real Celery ``enqueue``) against a real
 ``medic worker`` and the local Slack stand-in, which checks every request against Slack's schema. When the
 incident resolves, the worker renders its report once, stores it, posts its summary in the incident's Slack
-thread with a link, and indexes it; a new XID 79 incident's diagnosis then cites it.
+thread with a link, and indexes it; the diagnosis of a new XID 79 incident (another episode, a day later) then
+cites it.
 """
 
 from __future__ import annotations
@@ -229,8 +230,12 @@ def test_a_new_xid79_incident_cites_the_indexed_report_of_the_last_one(
     recorded: Recorded, embedder: CachingEmbedder
 ) -> None:
     settings = recorded.settings
-    opened = recorded.events()[0]
-    new = opened.model_copy(update={"incident_id": f"inc-new-{uuid.uuid4().hex[:8]}", "kind": "opened"})
+    # another XID 79 a day later (seed 2: another episode of the scenario), stored beside the first
+    later = record_episode(
+        settings, load_scenario("xid79"), 2, index=runbook_index(None), epoch=recorded.episode.epoch + 86400
+    )
+    new = next(e for e in later.incidents if e.kind == "opened" and any(a.signal == "gpu_xid" for a in e.alerts))
+    assert new.incident_id != recorded.incident_id
     doctor = RankerDiagnostician(settings, embedder=embedder)
     try:
         cited_before = _citations(doctor, new)
