@@ -33,7 +33,7 @@ from services.alerting.config import RoutingConfig
 from services.celery_app import REPORT_TASK, app
 from services.core.errors import InfraNotReady
 from services.notify.errors import RetryableDelivery
-from services.reports.errors import NotCaughtUp
+from services.reports.errors import IncidentNotFound, NotCaughtUp
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,8 @@ def render(
 
     Returns:
         ``incident_id``, ``version``, ``created`` (False: it was stored already), ``kb_doc_id``,
-        ``posted`` (channel -> message ts) and ``refused`` (channel -> Slack's error).
+        ``posted`` (channel -> message ts) and ``refused`` (channel -> Slack's error); or ``incident_id``
+        and ``skipped`` (why) when no such incident is stored.
     """
     import httpx
     import redis
@@ -85,7 +86,12 @@ def render(
     from services.reports.archive import archive_report, mark_posted, report_url, slack_summary
 
     settings = Settings()
-    stored = archive_report(settings, incident_id, embedder=make_embedder(settings), not_before=resolved_ts)
+    try:
+        stored = archive_report(settings, incident_id, embedder=make_embedder(settings), not_before=resolved_ts)
+    except IncidentNotFound as exc:
+        # correlate upserts an incident when it opens, long before it resolves: this is no race to wait out
+        log.warning("report of %s: %s; nothing rendered", incident_id, exc)
+        return {"incident_id": incident_id, "skipped": str(exc)}
     refused: dict[str, str] = {}
     posted = dict(stored.posted)
     if slack:

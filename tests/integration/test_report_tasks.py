@@ -225,6 +225,10 @@ def test_a_resolved_incident_gets_one_report_posted_in_its_slack_thread_and_inde
     assert count == (1,)
     assert len(_report_posts(vendor)) == 1
 
+    # an incident that is not stored is no crash and no endless retry: the task says so
+    unknown = render.apply_async(args=["inc-not-stored", resolved.ts, [], {}], queue="reports").get(timeout=60)
+    assert "no incident 'inc-not-stored' is stored" in unknown["skipped"]
+
 
 def test_a_new_xid79_incident_cites_the_indexed_report_of_the_last_one(
     recorded: Recorded, embedder: CachingEmbedder
