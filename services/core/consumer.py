@@ -15,7 +15,7 @@ from collections.abc import Callable
 from kafka import KafkaConsumer
 from kafka.errors import KafkaError
 
-from services.core.bus import KafkaPublisher
+from services.core.bus import SUBSCRIBER_METADATA_MAX_AGE_MS, KafkaPublisher
 from services.core.errors import InfraNotReady
 from services.core.settings import Settings
 
@@ -58,6 +58,7 @@ def consume(
             group_id=f"{settings.faust_app_id}-{consumer}",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            metadata_max_age_ms=SUBSCRIBER_METADATA_MAX_AGE_MS,
         )
     except KafkaError as exc:
         raise InfraNotReady(f"no Kafka broker at {settings.bootstrap_servers}: {exc}") from exc

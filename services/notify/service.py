@@ -51,7 +51,7 @@ from kafka.errors import KafkaError
 from services.alerting.config import RoutingConfig
 from services.alerting.notification import Notification
 from services.alerting.routes import Route, build_route_tree, time_muted
-from services.core.bus import KafkaPublisher
+from services.core.bus import SUBSCRIBER_METADATA_MAX_AGE_MS, KafkaPublisher
 from services.core.errors import EventError, InfraNotReady
 from services.core.events import AlertRef, DeadLetter, Diagnosis, Event, IncidentEvent, RemediationEvent
 from services.core.settings import Settings
@@ -392,6 +392,7 @@ def run(
             group_id=f"{settings.faust_app_id}-{CONSUMER}",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            metadata_max_age_ms=SUBSCRIBER_METADATA_MAX_AGE_MS,
         )
     except KafkaError as exc:
         raise InfraNotReady(f"no Kafka broker at {settings.bootstrap_servers}: {exc}") from exc
