@@ -50,18 +50,14 @@ class Pipeline:
         log.warning("dead-lettered a message from %s: %s", source_topic, letter.error)
         await self.topics.deadletter.send(key=letter.key().encode(), value=letter.to_bytes())
 
-    async def decode(
-        self, cls: type[E], raw: bytes | None, key: bytes | None, *, consumer: str
-    ) -> E | None:
+    async def decode(self, cls: type[E], raw: bytes | None, key: bytes | None, *, consumer: str) -> E | None:
         """Decode ``raw`` as ``cls``; on failure dead-letter it and return None so the agent goes on."""
         try:
             if raw is None:
                 raise EventError(f"{cls.__name__}: empty message (tombstone)")
             return cls.from_bytes(raw)
         except EventError as exc:
-            await self.dead_letter(
-                raw=raw or b"", key=key, source_topic=cls.topic, error=exc, consumer=consumer
-            )
+            await self.dead_letter(raw=raw or b"", key=key, source_topic=cls.topic, error=exc, consumer=consumer)
             return None
 
 
@@ -119,6 +115,26 @@ def create_pipeline(settings: Settings, *, app_id: str | None = None, web_enable
     transport.fetch_max_wait_ms = settings.faust_fetch_max_wait_ms
     app.transport = transport  # before anything asks the app for its transport
     return Pipeline(app=app, topics=declare_topics(app, settings), settings=settings)
+
+
+class PipelinePorts:
+    """What every role's ports do through the pipeline: decode a message, dead-letter one.
+
+    The roles (:class:`~pipelines.correlate.role.CorrelateRole`, :class:`~pipelines.detect.DetectRole`)
+    reach Kafka only through their ports, so a unit test can give them in-memory ones; the Faust ports
+    of each role add what is its own (its topic, its table) to these two.
+    """
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    async def decode(self, cls: type[E], raw: bytes | None, key: bytes | None, *, consumer: str) -> E | None:
+        return await self.pipeline.decode(cls, raw, key, consumer=consumer)
+
+    async def dead_letter(
+        self, *, raw: bytes, key: bytes | None, source_topic: str, error: BaseException | str, consumer: str
+    ) -> None:
+        await self.pipeline.dead_letter(raw=raw, key=key, source_topic=source_topic, error=error, consumer=consumer)
 
 
 class PipelineWorker(faust.Worker):

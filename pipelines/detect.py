@@ -40,7 +40,7 @@ from typing import Any, Protocol, TypeVar
 from faust.types import EventT, TableT
 from pydantic import ValidationError
 
-from pipelines.app import Pipeline
+from pipelines.app import Pipeline, PipelinePorts
 from pipelines.detectors.base import Detector
 from pipelines.features import FeatureState, FeatureVector, extract
 from services.core.events import (
@@ -475,24 +475,16 @@ class DetectRole:
         self.entity.forget()
 
 
-class FaustDetectPorts:
+class FaustDetectPorts(PipelinePorts):
     """:class:`DetectPorts` on the Faust app and its entity-state table."""
 
     def __init__(self, pipeline: Pipeline, table: TableT) -> None:
-        self.pipeline = pipeline
+        super().__init__(pipeline)
         self.table = table
 
     async def publish(self, anomalies: Sequence[Anomaly]) -> None:
         for anomaly in anomalies:
             await self.pipeline.topics.anomalies.send(key=anomaly.key().encode(), value=anomaly.to_bytes())
-
-    async def decode(self, cls: type[E], raw: bytes | None, key: bytes | None, *, consumer: str) -> E | None:
-        return await self.pipeline.decode(cls, raw, key, consumer=consumer)
-
-    async def dead_letter(
-        self, *, raw: bytes, key: bytes | None, source_topic: str, error: BaseException | str, consumer: str
-    ) -> None:
-        await self.pipeline.dead_letter(raw=raw, key=key, source_topic=source_topic, error=error, consumer=consumer)
 
     def saved_state(self, entity: str) -> dict[str, Any] | None:
         saved: dict[str, Any] | None = self.table.get(entity)

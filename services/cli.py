@@ -647,10 +647,11 @@ def demo(
 
     out = Console(width=max(Console().width, 140))
     try:
-        rows = run_demo(_settings(), DemoConfig(scenario=scenario, seed=seed, speed=speed, approve=approve), out).rows
+        result = run_demo(_settings(), DemoConfig(scenario=scenario, seed=seed, speed=speed, approve=approve), out)
     except ClusterMedicError as exc:
         console.print(f"[red]demo failed: {exc}")
         raise typer.Exit(1) from exc
+    rows = result.rows
     table = Table(title=f"{scenario} (seed {seed}, {speed:g}x): what ClusterMedic did")
     for column in ("fault", "entity", "detected after", "root cause found", "action", "recovered after", "SLO impact"):
         table.add_column(column)
@@ -660,6 +661,10 @@ def demo(
         detected = f"{r.detected_after_s:.0f} s" if r.detected_after_s is not None else "not detected"
         table.add_row(r.fault, r.entity[:30], detected, r.root_cause, r.action, recovered, r.slo_impact)
     out.print(table)
+    for r in rows:
+        report = result.reports.get(r.incident_id)
+        if report is not None:
+            out.print(f"post-incident report of {r.fault}: {report}")
     out.print("summary: .run/demo/summary.json; logs: .run/demo/logs/ and .run/demo/stack/logs/")
     if not all(r.mitigated for r in rows):
         console.print("[red]not every fault was mitigated")

@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pipelines.app import Pipeline
+from pipelines.app import Pipeline, PipelinePorts
 from pipelines.correlate.correlator import Correlator
 from pipelines.correlate.history import AnomalyHistory
 from pipelines.correlate.role import (
@@ -68,7 +68,6 @@ from pipelines.correlate.role import (
     TOPOLOGY_AGENT,
     CorrelateOptions,
     CorrelateRole,
-    E,
     Notify,
 )
 from pipelines.correlate.store import CorrelateStore, PostgresCorrelateStore
@@ -76,12 +75,12 @@ from services.alerting.config import RoutingConfig
 from services.core.events import IncidentEvent
 
 
-class FaustPorts:
+class FaustPorts(PipelinePorts):
     """:class:`~pipelines.correlate.role.CorrelatePorts` on the Faust app: the cluster topic, the
     state table, the producer."""
 
     def __init__(self, pipeline: Pipeline, by_cluster: Any, table: Any) -> None:
-        self.pipeline = pipeline
+        super().__init__(pipeline)
         self.by_cluster = by_cluster
         self.table = table
         self._changelog_known = False
@@ -109,14 +108,6 @@ class FaustPorts:
 
     async def save_state(self, cluster: str, state: bytes) -> None:
         self.table[cluster.encode()] = state
-
-    async def decode(self, cls: type[E], raw: bytes | None, key: bytes | None, *, consumer: str) -> E | None:
-        return await self.pipeline.decode(cls, raw, key, consumer=consumer)
-
-    async def dead_letter(
-        self, *, raw: bytes, key: bytes | None, source_topic: str, error: BaseException | str, consumer: str
-    ) -> None:
-        await self.pipeline.dead_letter(raw=raw, key=key, source_topic=source_topic, error=error, consumer=consumer)
 
 
 def register_correlate(

@@ -45,7 +45,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import yaml
 
-from services.core.errors import ConfigError
+from services.core.errors import ClusterMedicError, ConfigError
 from services.core.paths import REPO_ROOT
 from services.core.settings import Settings
 from services.notify.standin import PAGERDUTY, ROUTING_KEY, SLACK_WEBHOOK, WEBHOOK, VendorServer
@@ -91,12 +91,14 @@ class DemoResult:
         database_url: the run's own database (incidents, diagnoses, runs, steps, audit), kept after it.
         actions: the simulator's record of every action request (``GET /actions``), oldest first.
         topic_prefix: the run's topics (deleted by the next run, as its database is dropped).
+        reports: each fault incident's post-incident report (HTML), by incident id.
     """
 
     rows: list[FaultRow]
     database_url: str
     actions: list[dict[str, Any]]
     topic_prefix: str = ""
+    reports: dict[str, Path] = field(default_factory=dict)
 
 
 @dataclass
@@ -456,7 +458,28 @@ def run_demo(settings: Settings, config: DemoConfig, console: Any) -> DemoResult
         write_summary(rows, config.run_dir / "summary.json")
         pages = len(vendor.to(PAGERDUTY))
         say(f"[demo] notifications: {len(vendor.to(SLACK_WEBHOOK))} to Slack, {pages} to PagerDuty")
-    return DemoResult(rows, str(settings.database_url), actions, settings.topic_prefix)
+        reports = write_reports(settings, rows, config.run_dir / "reports", say)
+    return DemoResult(rows, str(settings.database_url), actions, settings.topic_prefix, reports)
+
+
+def write_reports(
+    settings: Settings, rows: list[FaultRow], out_dir: Path, say: Callable[[str], None]
+) -> dict[str, Path]:
+    """The post-incident report (HTML) of each fault's incident, written while its telemetry topics exist.
+
+    The next demo run drops this run's topics, and with them the series the plots read; the database
+    stays, so ``medic report`` can write the rest again later, without plots. A report that cannot be
+    written is named with the reason and the demo goes on.
+    """
+    from services.reports.service import render_report
+
+    written: dict[str, Path] = {}
+    for incident_id in dict.fromkeys(r.incident_id for r in rows if r.incident_id):
+        try:
+            written[incident_id] = render_report(settings, incident_id, "html", out_dir).files[0]
+        except ClusterMedicError as exc:
+            say(f"[demo] no report for {incident_id}: {exc}")
+    return written
 
 
 def _terminated(signum: int, _frame: object) -> None:

@@ -127,6 +127,10 @@ def test_the_demo_heals_every_fault_and_a_worker_killed_mid_playbook_repeats_no_
     # each fault its own incident (more incidents open: metric_outlier alerts of GPUs whose load a
     # remediation changed, the detection issue's false positives; see docs/demo.md)
     assert len({r.incident_id for r in result.rows}) == 4
+    # and each has its post-incident report, written while the run's telemetry still existed
+    for row in result.rows:
+        report = result.reports[row.incident_id].read_text()
+        assert "Post-incident report" in report and row.incident_id in report
 
     # the kill: the worker died mid-playbook, came back, resumed the wait and finished the run without
     # repeating an action
