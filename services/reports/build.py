@@ -255,16 +255,12 @@ def affected(facts: IncidentFacts) -> dict[str, list[str]]:
             if labels.get(name):
                 out["models"][labels[name]] = None
                 break
+    # the incident's own labels join what its members name with commas ("pod-a,pod-b")
     inc = facts.incident.labels
-    if inc.get("model"):
-        out["models"][inc["model"]] = None
-    for gpu in inc.get("gpu", "").split(","):
-        if gpu:
-            out["gpus"][gpu] = None
-    if inc.get("node"):
-        out["nodes"][inc["node"]] = None
-    if inc.get("pod"):
-        out["pods"][inc["pod"]] = None
+    for label, bucket in (("model", "models"), ("gpu", "gpus"), ("node", "nodes"), ("pod", "pods")):
+        for name in inc.get(label, "").split(","):
+            if name:
+                out[bucket][name] = None
     return {k: list(v) for k, v in out.items()}
 
 

@@ -308,3 +308,15 @@ def test_another_incidents_action_on_the_same_model_is_shown_apart_and_an_unrela
         "uncordon (other incident)",
     ]
     assert not any(m.kind == "action" for m in report.marks), "another incident's actions are not this one's"
+
+
+def test_where_names_each_pod_and_model_of_the_incidents_comma_joined_labels_once() -> None:
+    from services.reports.build import affected
+
+    inc = incident(alert("queue_saturation", "llama-70b-int4-nwmh87vd7m-rjxrd", start=0, end=60))
+    inc = inc.model_copy(
+        update={"labels": {"pod": "llama-70b-int4-nwmh87vd7m-rjxrd,llama-70b-int4-nwmh87vd7m-pvnkc", "model": "m1,m2"}}
+    )
+    names = affected(IncidentFacts(incident=inc))
+    assert names["pods"] == ["llama-70b-int4-nwmh87vd7m-rjxrd", "llama-70b-int4-nwmh87vd7m-pvnkc"]
+    assert names["models"] == ["m1", "m2"]
