@@ -33,8 +33,8 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -51,11 +51,11 @@ from services.alerting.errors import SilenceError
 from services.alerting.matchers import Matcher, matches_all, parse_matcher_list, parse_matchers
 from services.alerting.routes import Route, build_route_tree
 from services.alerting.silences import Silence, matches_every_alert
+from services.api.database import request_connection
 from services.auth.http import Operator, Viewer
 from services.auth.tokens import Role
-from services.core.errors import ConfigError, InfraError
+from services.core.errors import ConfigError
 from services.core.settings import Settings
-from services.store.db import connect
 from services.store.incidents import AlertRow, latest_alerts
 from services.store.silences import (
     SilenceNotFound,
@@ -281,14 +281,8 @@ def create_router(settings: Settings, *, clock: Callable[[], float] = time.time)
                 raise HTTPException(503, f"routing config unavailable: {exc}") from exc
         return loaded[0]
 
-    @contextmanager
-    def db() -> Iterator[psycopg.Connection]:
-        try:
-            conn = connect(settings)
-        except InfraError as exc:
-            raise HTTPException(503, f"database unavailable: {exc}") from exc
-        with conn:
-            yield conn
+    def db() -> AbstractContextManager[psycopg.Connection]:
+        return request_connection(settings)
 
     def silence_or_404(conn: psycopg.Connection, silence_id: str) -> StoredSilence:
         try:

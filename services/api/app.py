@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager, asynccontextmanager
 from datetime import datetime
 from typing import Any, Literal
 
@@ -57,6 +57,7 @@ from services.alerting.durations import parse_duration
 from services.alerting.errors import SilenceError
 from services.api.alertmanager_v2 import PREFIX as ALERTMANAGER_V2_PREFIX
 from services.api.alertmanager_v2 import create_router as alertmanager_v2_router
+from services.api.database import request_connection
 from services.auth.http import AuthStore, Operator, Viewer, auth_router, install
 from services.auth.tokens import Role
 from services.core.errors import InfraError
@@ -187,14 +188,8 @@ def create_app(
     api.include_router(reports_router(settings, telemetry=report_telemetry), prefix=API_PREFIX)
     api.include_router(alertmanager_v2_router(settings, clock=clock), prefix=ALERTMANAGER_V2_PREFIX)
 
-    @contextmanager
-    def db() -> Iterator[psycopg.Connection]:
-        try:
-            conn = connect(settings)
-        except InfraError as exc:
-            raise HTTPException(503, f"database unavailable: {exc}") from exc
-        with conn:
-            yield conn
+    def db() -> AbstractContextManager[psycopg.Connection]:
+        return request_connection(settings)
 
     @api.get("/healthz", response_model=None)
     def healthz() -> dict[str, Any] | JSONResponse:
